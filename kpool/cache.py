@@ -1,0 +1,158 @@
+"""Allocation of the two KPool caches (kpool-algorithm.md §3.1, §3.3).
+
+* compressed cache: ``[N, B, 1, D]`` bf16, one row per complete pool, whole physical pages;
+  a page may be padded (``stride(0) > B * D``), as real allocations are.
+* tail ring: ``[num_tail_blocks, 2, C, D]`` fp32 (plane 0 raw K, plane 1 raw gate); a block
+  may be padded too (public case C03: the ring is a view with a padded block stride).
+
+Both are views into flat *backing* buffers with guard bands before and after, so a harness
+can lay sentinels over every byte and find stray writes anywhere in the allocation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import KPoolConfig
+from .errors import KPoolDtypeError, KPoolShapeError
+
+
+@dataclass
+class KPoolCaches:
+    """The compressed cache and the tail ring of one layer, with their backing buffers.
+
+    Attributes:
+        compressed_cache: bf16 ``[N, B, 1, D]`` view (page stride may exceed ``B * D``).
+        tail_cache: fp32 ``[num_tail_blocks, 2, C, D]`` view (block stride may exceed ``2 * C * D``).
+        compressed_backing: flat bf16 buffer the compressed view lives in (guards included).
+        tail_backing: flat fp32 buffer the ring view lives in (guards included).
+    """
+
+    compressed_cache: torch.Tensor
+    tail_cache: torch.Tensor
+    compressed_backing: torch.Tensor
+    tail_backing: torch.Tensor
+
+    @property
+    def page_size(self) -> int:
+        """``B``: pools per compressed page (``compressed_cache.shape[1]``)."""
+        return int(self.compressed_cache.shape[1])
+
+    @property
+    def num_pages(self) -> int:
+        """``N``: physical compressed pages."""
+        return int(self.compressed_cache.shape[0])
+
+    @property
+    def num_tail_blocks(self) -> int:
+        """Ring blocks (one per request slot)."""
+        return int(self.tail_cache.shape[0])
+
+    @property
+    def ring_capacity(self) -> int:
+        """``C``: ring rows per block."""
+        return int(self.tail_cache.shape[2])
+
+    def clone(self) -> "KPoolCaches":
+        """Byte-identical copy with the same strides and storage offsets (backings included)."""
+        cb = self.compressed_backing.clone()
+        tb = self.tail_backing.clone()
+        return KPoolCaches(
+            compressed_cache=_same_view(cb, self.compressed_cache),
+            tail_cache=_same_view(tb, self.tail_cache),
+            compressed_backing=cb, tail_backing=tb)
+
+    def to(self, device) -> "KPoolCaches":
+        """Byte-identical copy on ``device`` with the same layout."""
+        cb = self.compressed_backing.to(device, copy=True)
+        tb = self.tail_backing.to(device, copy=True)
+        return KPoolCaches(
+            compressed_cache=_same_view(cb, self.compressed_cache),
+            tail_cache=_same_view(tb, self.tail_cache),
+            compressed_backing=cb, tail_backing=tb)
+
+    def copy_(self, other: "KPoolCaches") -> "KPoolCaches":
+        """Overwrite this allocation with ``other``'s bytes (same layout required)."""
+        self.compressed_backing.copy_(other.compressed_backing)
+        self.tail_backing.copy_(other.tail_backing)
+        return self
+
+
+def _same_view(backing: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    return backing.as_strided(view.shape, view.stride(), view.storage_offset())
+
+
+def allocate_caches(config: KPoolConfig, *, num_pages: int, page_size: int, num_tail_blocks: int,
+                    page_padding: int = 0, ring_block_padding: int = 0, guard: int = 0,
+                    device="cpu", fill_bf16_bits: int = 0, fill_fp32_bits: int = 0) -> KPoolCaches:
+    """Allocate both caches in complete physical pages.
+
+    Args:
+        config: gives ``D`` and the ring capacity ``C``.
+        num_pages: ``N`` compressed pages.
+        page_size: ``B`` pools per page.
+        num_tail_blocks: ring blocks.
+        page_padding: extra elements after each compressed page (``stride(0) = B * D + page_padding``).
+        ring_block_padding: extra elements after each ring block (C03's padded block stride).
+        guard: guard elements before the first and after the last page/block of each backing.
+        device: allocation device.
+        fill_bf16_bits / fill_fp32_bits: initial bit pattern of every element (0 -> zeros).
+
+    Returns:
+        :class:`KPoolCaches`.
+
+    Raises:
+        KPoolShapeError: non-positive sizes or negative paddings.
+    """
+    D, C = config.index_head_dim, config.ring_capacity
+    if num_pages < 1 or page_size < 1 or num_tail_blocks < 1:
+        raise KPoolShapeError(f"need positive sizes, got N={num_pages}, B={page_size}, blocks={num_tail_blocks}")
+    if min(page_padding, ring_block_padding, guard) < 0:
+        raise KPoolShapeError("paddings and guard must be >= 0")
+    page_stride = page_size * D + page_padding
+    cb = torch.empty(2 * guard + num_pages * page_stride, dtype=torch.int16, device=device)
+    cb.fill_(_as_int16(fill_bf16_bits))
+    cb = cb.view(torch.bfloat16)
+    compressed = cb.as_strided((num_pages, page_size, 1, D), (page_stride, D, D, 1), guard)
+
+    block_stride = 2 * C * D + ring_block_padding
+    tb = torch.empty(2 * guard + num_tail_blocks * block_stride, dtype=torch.int32, device=device)
+    tb.fill_(_as_int32(fill_fp32_bits))
+    tb = tb.view(torch.float32)
+    tail = tb.as_strided((num_tail_blocks, 2, C, D), (block_stride, C * D, D, 1), guard)
+    return KPoolCaches(compressed_cache=compressed, tail_cache=tail, compressed_backing=cb, tail_backing=tb)
+
+
+def _as_int16(bits: int) -> int:
+    bits &= 0xFFFF
+    return bits - 0x10000 if bits >= 0x8000 else bits
+
+
+def _as_int32(bits: int) -> int:
+    bits &= 0xFFFFFFFF
+    return bits - 0x100000000 if bits >= 0x80000000 else bits
+
+
+def check_cache_layout(compressed_cache: torch.Tensor, tail_cache: torch.Tensor, config: KPoolConfig) -> None:
+    """Validate dtypes, ranks and unit inner strides of both caches (kpool-algorithm.md §2 guards).
+
+    Raises:
+        KPoolDtypeError: compressed cache not bf16 or ring not fp32.
+        KPoolShapeError: wrong rank, head dim, ring capacity < P, or non-unit dim stride.
+    """
+    D, P = config.index_head_dim, config.index_kpool
+    if compressed_cache.dtype != torch.bfloat16:
+        raise KPoolDtypeError(f"compressed cache must be bfloat16, got {compressed_cache.dtype}")
+    if tail_cache.dtype != torch.float32:
+        raise KPoolDtypeError(f"tail ring must be float32, got {tail_cache.dtype}")
+    if compressed_cache.dim() != 4 or compressed_cache.shape[2] != 1 or compressed_cache.shape[3] != D:
+        raise KPoolShapeError(f"compressed cache must be [N, B, 1, {D}], got {tuple(compressed_cache.shape)}")
+    if tail_cache.dim() != 4 or tail_cache.shape[1] != 2 or tail_cache.shape[3] != D:
+        raise KPoolShapeError(f"tail ring must be [blocks, 2, C, {D}], got {tuple(tail_cache.shape)}")
+    if tail_cache.shape[2] < P:
+        raise KPoolShapeError(f"tail ring capacity C={tail_cache.shape[2]} must be >= index_kpool P={P}")
+    if compressed_cache.stride(3) != 1 or tail_cache.stride(3) != 1:
+        raise KPoolShapeError("the head-dim stride of both caches must be 1")
+    if compressed_cache.numel() == 0 or tail_cache.numel() == 0:
+        raise KPoolShapeError("caches must not be empty")

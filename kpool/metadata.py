@@ -1,0 +1,224 @@
+"""Cache metadata of one KPool forward and its builder (kpool-algorithm.md §3, §6).
+
+This module imports only ``torch`` (never Triton or a kernel module), so a model
+runner can build metadata in a process that has no kernels loaded; a test checks
+that in a fresh subprocess.
+
+Vocabulary (kpool-algorithm.md §3.4, §6):
+
+* ``positions`` int64 ``[T]``: absolute token positions; padded rows carry 0.
+* ``cum_query_lens`` int32 ``[R]``: exclusive query ends, no leading zero.
+* ``raw_seq_lens`` int32 ``[R]``: token lengths including this step (used by compression).
+* ``seq_lens`` int32 ``[R]``: complete pools ``raw_seq_lens // P`` (used by selection).
+* ``block_table`` int32 ``[R, M]``: logical compressed page -> physical page.
+* ``slot_mapping`` int64 ``[T]``: compressed write slot ``page * B + row`` of the row that
+  completes a pool, else ``-1`` (§3.2).
+* ``tail_block_table`` int32 ``[R, 1]``: ring block per request (§3.3).
+* ``tail_slot_mapping`` int64 ``[T]``: circular ring slot ``block * C + p % C`` (§3.3).
+* ``max_pool_seq_len``: host int, score-row length (``M * B`` in FULL mode, else ``max(seq_lens)``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Optional, Sequence
+
+import torch
+
+from .errors import KPoolMetadataError
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of a batch, as a scheduler sees it.
+
+    Attributes:
+        cached_len: tokens of this request already processed before this step (its first
+            query position). Units: tokens.
+        query_len: tokens scheduled in this step (>= 0; 0 = zero-length request).
+        block_table: physical compressed-cache pages, logical page ``m`` -> ``block_table[m]``.
+        ring_block: the request's tail-ring block (§3.3).
+    """
+
+    cached_len: int
+    query_len: int
+    block_table: Sequence[int]
+    ring_block: int
+
+    @property
+    def raw_seq_len(self) -> int:
+        """Token length including this step (``raw_seq_lens`` entry)."""
+        return self.cached_len + self.query_len
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """A batch description that :func:`build_metadata` turns into tensors.
+
+    Attributes:
+        requests: the live requests, in row order.
+        num_tokens: ``T`` rows of the launch; ``None`` means exactly the live tokens.
+            ``T > T_live`` adds FULL-mode padding rows (§6 "FULL-mode padding").
+        full_mode: FULL-graph mode: ``max_pool_seq_len = M * B`` (static capacity) instead of
+            ``max(seq_lens)``.
+        num_padded_requests: extra zero-length requests appended to the request-shaped
+            metadata (FULL draft graphs pad requests to the token bucket, §6).
+        block_table_width: ``M``; ``None`` means the longest request table (at least 1).
+        stale_tail_slots: give padded rows positive, stale ring slots (they must never write,
+            §5.4 "Positive stale padding slots must never write into block zero").
+    """
+
+    requests: Sequence[RequestSpec]
+    num_tokens: Optional[int] = None
+    full_mode: bool = False
+    num_padded_requests: int = 0
+    block_table_width: Optional[int] = None
+    stale_tail_slots: bool = False
+
+
+@dataclass
+class KPoolMetadata:
+    """Tensors describing one forward (kpool-algorithm.md §6). See the module docstring
+    for every field's dtype and shape. ``num_live_tokens`` is ``T_live = cum_query_lens[-1]``
+    (0 when there are no requests), a host int."""
+
+    positions: torch.Tensor
+    cum_query_lens: torch.Tensor
+    raw_seq_lens: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    tail_block_table: torch.Tensor
+    tail_slot_mapping: torch.Tensor
+    max_pool_seq_len: int
+    num_live_tokens: int = field(default=0)
+
+    @property
+    def num_tokens(self) -> int:
+        """``T``: rows of the launch, padding included."""
+        return int(self.positions.shape[0])
+
+    @property
+    def num_requests(self) -> int:
+        """``R``: rows of the request-shaped metadata, padded requests included."""
+        return int(self.cum_query_lens.shape[0])
+
+    def tensors(self) -> dict:
+        """The tensor fields by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)}
+
+    def forward_kwargs(self) -> dict:
+        """Keyword arguments shared by ``kpool.indexer.forward`` and
+        ``reference.stateful.forward`` (every field except ``num_live_tokens``)."""
+        kwargs = self.tensors()
+        kwargs["max_pool_seq_len"] = self.max_pool_seq_len
+        return kwargs
+
+    def to(self, device) -> "KPoolMetadata":
+        """Copy every tensor to ``device``."""
+        moved = {name: t.to(device) for name, t in self.tensors().items()}
+        return KPoolMetadata(max_pool_seq_len=self.max_pool_seq_len,
+                             num_live_tokens=self.num_live_tokens, **moved)
+
+    def clone(self) -> "KPoolMetadata":
+        """Deep copy (independent storage)."""
+        cloned = {name: t.clone() for name, t in self.tensors().items()}
+        return KPoolMetadata(max_pool_seq_len=self.max_pool_seq_len,
+                             num_live_tokens=self.num_live_tokens, **cloned)
+
+    def copy_(self, other: "KPoolMetadata") -> "KPoolMetadata":
+        """Write ``other`` into this metadata's buffers in place, as a graph replay does
+        (public case C19). Shapes and ``max_pool_seq_len`` must match (captured graphs keep
+        shapes and scalar attributes stable, §6).
+
+        Raises:
+            KPoolMetadataError: when a shape or ``max_pool_seq_len`` differs.
+        """
+        if other.max_pool_seq_len != self.max_pool_seq_len:
+            raise KPoolMetadataError(
+                f"max_pool_seq_len must stay {self.max_pool_seq_len} across replays, got {other.max_pool_seq_len}")
+        for name, dst in self.tensors().items():
+            src = getattr(other, name)
+            if src.shape != dst.shape:
+                raise KPoolMetadataError(f"{name}: captured shape {tuple(dst.shape)} != new {tuple(src.shape)}")
+            dst.copy_(src)
+        self.num_live_tokens = other.num_live_tokens
+        return self
+
+
+def build_metadata(batch: BatchSpec, *, index_kpool: int, ring_capacity: int, page_size: int,
+                   device="cpu") -> KPoolMetadata:
+    """Turn a :class:`BatchSpec` into :class:`KPoolMetadata` (kpool-algorithm.md §3.2-§3.4, §6).
+
+    Args:
+        batch: the batch description.
+        index_kpool: ``P``, tokens per pool.
+        ring_capacity: ``C``, ring rows per request.
+        page_size: ``B``, pools per compressed page (``compressed_cache.shape[1]``).
+        device: where the tensors are created.
+
+    Returns:
+        The metadata; padded rows have position 0, ``slot_mapping = -1`` and ring slot ``-1``
+        (or a stale positive slot with ``stale_tail_slots``); padded requests have zero length.
+
+    Raises:
+        KPoolMetadataError: negative lengths, ``num_tokens < T_live``, or a block table too
+            short for the request's complete pools.
+    """
+    P, C, B = index_kpool, ring_capacity, page_size
+    if P < 1 or C < P or B < 1:
+        raise KPoolMetadataError(f"need P >= 1, C >= P, B >= 1; got P={P}, C={C}, B={B}")
+    live = list(batch.requests)
+    for i, req in enumerate(live):
+        if req.cached_len < 0 or req.query_len < 0:
+            raise KPoolMetadataError(f"request {i}: negative length (cached_len={req.cached_len}, query_len={req.query_len})")
+        needed_pages = -(-(req.raw_seq_len // P) // B)
+        if len(req.block_table) < needed_pages:
+            raise KPoolMetadataError(
+                f"request {i}: block table has {len(req.block_table)} pages, needs {needed_pages} "
+                f"for {req.raw_seq_len // P} pools at B={B}")
+    t_live = sum(r.query_len for r in live)
+    T = t_live if batch.num_tokens is None else batch.num_tokens
+    if T < t_live:
+        raise KPoolMetadataError(f"num_tokens={T} is smaller than the live tokens {t_live}")
+    R = len(live) + batch.num_padded_requests
+    M = batch.block_table_width or max([len(r.block_table) for r in live] + [1])
+    if any(len(r.block_table) > M for r in live):
+        raise KPoolMetadataError(f"block_table_width={M} is narrower than a request's table")
+
+    positions = torch.zeros(T, dtype=torch.int64)
+    slot_mapping = torch.full((T,), -1, dtype=torch.int64)
+    tail_slot_mapping = torch.full((T,), -1, dtype=torch.int64)
+    cum = torch.zeros(R, dtype=torch.int32)
+    raw = torch.zeros(R, dtype=torch.int32)
+    table = torch.zeros((R, M), dtype=torch.int32)
+    tail_table = torch.zeros((R, 1), dtype=torch.int32)
+
+    row = 0
+    for i, req in enumerate(live):
+        table[i, :len(req.block_table)] = torch.tensor(list(req.block_table), dtype=torch.int32)
+        tail_table[i, 0] = req.ring_block
+        raw[i] = req.raw_seq_len
+        for p in range(req.cached_len, req.raw_seq_len):
+            positions[row] = p
+            tail_slot_mapping[row] = req.ring_block * C + p % C
+            if (p + 1) % P == 0:
+                j = p // P
+                slot_mapping[row] = int(req.block_table[j // B]) * B + j % B
+            row += 1
+        cum[i] = row
+    cum[len(live):] = row
+    if batch.stale_tail_slots and T > t_live:
+        # Stale, positive slots from "a previous replay": they point at real ring rows.
+        stale = torch.arange(T - t_live, dtype=torch.int64) % C
+        tail_slot_mapping[t_live:] = stale
+    seq_lens = raw // P
+    if batch.full_mode:
+        max_pool_seq_len = M * B
+    else:
+        max_pool_seq_len = int(seq_lens.max()) if R > 0 else 0
+    meta = KPoolMetadata(positions=positions, cum_query_lens=cum, raw_seq_lens=raw, seq_lens=seq_lens,
+                         block_table=table, slot_mapping=slot_mapping, tail_block_table=tail_table,
+                         tail_slot_mapping=tail_slot_mapping, max_pool_seq_len=max_pool_seq_len,
+                         num_live_tokens=t_live)
+    return meta.to(device)
