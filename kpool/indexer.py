@@ -1,0 +1,106 @@
+"""Orchestration of one KPool indexer forward (kpool-algorithm.md §4-§7).
+
+``forward`` validates, updates both caches (compression, then the ring write), and unless
+``compute_topk=False`` scores pools, selects the top-k in canonical order, expands pool ids to
+token ids with the causal tail, and masks padding rows. The kernels live in :mod:`kpool.ops`
+and are imported on first use (never at ``import kpool``).
+"""
+from __future__ import annotations
+
+import torch
+
+from .validation import validate_forward
+
+SCORE_SCRATCH_BYTES = 256 * 2 ** 20
+"""Upper bound of the fp32 score scratch (rows x max_pool_seq_len x 4 B), §4.6."""
+
+
+def _device_name(t: torch.Tensor) -> str:
+    return t.device.type if t.device.type in ("cuda", "npu") else "cpu"
+
+
+def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions, cum_query_lens,
+            raw_seq_lens, seq_lens, block_table, slot_mapping, tail_block_table, tail_slot_mapping,
+            max_pool_seq_len: int, index_topk: int, index_kpool: int, score_mode: str = "relu",
+            pack_tail: bool = True, compute_topk: bool = True, output_buffer=None,
+            validate: bool = True, max_score_rows: int | None = None):
+    """One KPool indexer forward on the production Triton kernels.
+
+    Args (shapes as in :func:`kpool.validation.validate_forward`):
+        k, gate: fp32 ``[T, D]`` raw keys / gate logits of this step's rows.
+        q: bf16 ``[T, H, D]``; weights: fp32 or bf16 ``[T, H]`` (unused when ``compute_topk=False``).
+        ape: fp32 ``[P, D]``.
+        compressed_cache: bf16 ``[N, B, 1, D]``, updated in place (§5.3).
+        tail_cache: fp32 ``[blocks, 2, C, D]``, updated in place (§5.4).
+        positions ... tail_slot_mapping, max_pool_seq_len: :class:`kpool.metadata.KPoolMetadata` fields.
+        index_topk, index_kpool: ``K_tok`` and ``P``.
+        score_mode: ``"relu"`` or ``"merged"`` (§4.2).
+        pack_tail: packed (default) or fixed tail column (§4.5).
+        compute_topk: ``False`` = cache-only update, returns ``None`` (§5.5).
+        output_buffer: optional int32 ``[>= T, >= W]`` caller buffer (unit column stride): rows
+            ``< T`` are written (columns ``>= W`` set to -1), rows ``>= T`` untouched.
+        validate: run :func:`validate_forward` first (host sync); kernels keep their guards either way.
+        max_score_rows: force token chunking of the score scratch (results are chunk-invariant).
+
+    Returns:
+        int32 ``[T, 1, W]`` token ids (``output_buffer[:T, :W]`` viewed as ``[T, 1, W]`` when given),
+        or ``None`` when ``compute_topk=False``.
+
+    Raises:
+        The :mod:`kpool.errors` exceptions of :func:`validate_forward`, before any launch.
+    """
+    P = index_kpool
+    W = index_topk + P - 1
+    T = k.shape[0] if isinstance(k, torch.Tensor) else 0
+    if validate:
+        t_live = validate_forward(
+            k=k, gate=gate, q=q, weights=weights, ape=ape, compressed_cache=compressed_cache,
+            tail_cache=tail_cache, positions=positions, cum_query_lens=cum_query_lens,
+            raw_seq_lens=raw_seq_lens, seq_lens=seq_lens, block_table=block_table,
+            slot_mapping=slot_mapping, tail_block_table=tail_block_table,
+            tail_slot_mapping=tail_slot_mapping, max_pool_seq_len=max_pool_seq_len,
+            index_topk=index_topk, index_kpool=P, score_mode=score_mode, compute_topk=compute_topk,
+            output_buffer=output_buffer)
+    else:
+        t_live = int(cum_query_lens[-1]) if cum_query_lens.numel() else 0
+    from .ops import compress as compress_ops
+    from .ops import indexer as indexer_ops
+
+    if t_live > 0:
+        compress_ops.compress_and_write_cache(
+            k=k, gate=gate, ape=ape, compressed_cache=compressed_cache, tail_cache=tail_cache,
+            positions=positions, cum_query_lens=cum_query_lens, raw_seq_lens=raw_seq_lens,
+            slot_mapping=slot_mapping, tail_block_table=tail_block_table,
+            tail_slot_mapping=tail_slot_mapping, num_live_tokens=t_live, index_kpool=P)
+    if not compute_topk:
+        return None
+
+    out = output_buffer[:T] if output_buffer is not None else torch.empty((T, W), dtype=torch.int32, device=k.device)
+    if T == 0:
+        return out[:, :W].unsqueeze(1)
+    if t_live == 0:
+        out.fill_(-1)  # only padding rows: nothing to score or expand (§5.5 empty batch)
+        return out[:, :W].unsqueeze(1)
+
+    selected = min(index_topk // P, max_pool_seq_len)
+    pool_ids = torch.empty((t_live, selected), dtype=torch.int32, device=k.device)
+    pool_scores = torch.empty((t_live, selected), dtype=torch.float32, device=k.device)
+    if selected > 0:
+        rows_per_chunk = max(1, SCORE_SCRATCH_BYTES // (4 * max_pool_seq_len))
+        if max_score_rows is not None:
+            rows_per_chunk = max(1, min(rows_per_chunk, max_score_rows))
+        scratch = torch.empty((min(rows_per_chunk, t_live), max_pool_seq_len), dtype=torch.float32, device=k.device)
+        for row_start in range(0, t_live, rows_per_chunk):
+            n = min(rows_per_chunk, t_live - row_start)
+            scores = indexer_ops.score_pools(
+                q=q, weights=weights, compressed_cache=compressed_cache, positions=positions,
+                cum_query_lens=cum_query_lens, seq_lens=seq_lens, block_table=block_table,
+                max_pool_seq_len=max_pool_seq_len, index_kpool=P, score_mode=score_mode,
+                row_start=row_start, num_rows=n, out=scratch)
+            ids, top = indexer_ops.select_topk(scores[:n], selected)
+            pool_ids[row_start:row_start + n] = ids
+            pool_scores[row_start:row_start + n] = top
+    indexer_ops.expand_indices(
+        pool_ids=pool_ids, pool_scores=pool_scores, positions=positions, num_live_tokens=t_live,
+        index_topk=index_topk, index_kpool=P, pack_tail=pack_tail, out=out)
+    return out[:, :W].unsqueeze(1)
