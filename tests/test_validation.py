@@ -1,0 +1,133 @@
+"""Bad input raises a named error before any launch and writes nothing (parity-contract.md §5,
+kpool-algorithm.md §2)."""
+import pytest
+import torch
+
+from kpool import SMALL
+from kpool import errors
+from kpool.indexer import forward
+from tests.helpers import small_batch
+
+
+def _snapshot(caches):
+    return caches.compressed_backing.view(torch.int16).clone(), caches.tail_backing.view(torch.int32).clone()
+
+
+def _bad_dtype_k(kw):
+    kw["k"] = kw["k"].double()
+
+
+def _bad_dtype_cache(kw):
+    kw["compressed_cache"] = kw["compressed_cache"].float()
+
+
+def _bad_weights_dtype(kw):
+    kw["weights"] = kw["weights"].half()
+
+
+def _bad_q_shape(kw):
+    kw["q"] = kw["q"][:, :, :-1]
+
+
+def _bad_topk(kw):
+    kw["index_topk"] = kw["index_kpool"] * 2 + 1
+
+
+def _ring_too_small(kw):
+    kw["tail_cache"] = kw["tail_cache"][:, :, :3]
+
+
+def _block_out_of_range(kw):
+    kw["block_table"] = kw["block_table"].clone()
+    kw["block_table"][1, 0] = 10_000
+
+
+def _negative_block(kw):
+    kw["block_table"] = kw["block_table"].clone()
+    kw["block_table"][0, 0] = -1
+
+
+def _ring_block_out_of_range(kw):
+    kw["tail_block_table"] = kw["tail_block_table"].clone()
+    kw["tail_block_table"][2, 0] = 99
+
+
+def _slot_out_of_range(kw):
+    kw["slot_mapping"] = kw["slot_mapping"].clone()
+    kw["slot_mapping"][3] = 10_000
+
+
+def _tail_slot_out_of_range(kw):
+    kw["tail_slot_mapping"] = kw["tail_slot_mapping"].clone()
+    kw["tail_slot_mapping"][0] = 3537 * 4  # public case C05(b)
+
+
+def _non_monotonic(kw):
+    kw["cum_query_lens"] = kw["cum_query_lens"].flip(0).contiguous()
+
+
+def _raw_lens_as_pools(kw):
+    kw["seq_lens"] = kw["raw_seq_lens"].clone()  # pitfall §9.2: token lengths passed as pool lengths
+
+
+def _positions_gap(kw):
+    kw["positions"] = kw["positions"].clone()
+    kw["positions"][5] += 1
+
+
+def _max_pool_too_small(kw):
+    kw["max_pool_seq_len"] = 0
+
+
+def _cum_beyond_rows(kw):
+    kw["cum_query_lens"] = kw["cum_query_lens"].clone()
+    kw["cum_query_lens"][-1] = kw["k"].shape[0] + 1
+
+
+def _narrow_output(kw):
+    kw["output_buffer"] = torch.zeros(kw["k"].shape[0], 5, dtype=torch.int32)
+
+
+def _bad_ape(kw):
+    kw["ape"] = kw["ape"][:2]
+
+
+CASES = [
+    (_bad_dtype_k, errors.KPoolDtypeError), (_bad_dtype_cache, errors.KPoolDtypeError),
+    (_bad_weights_dtype, errors.KPoolDtypeError), (_bad_q_shape, errors.KPoolShapeError),
+    (_bad_topk, errors.KPoolConfigError), (_ring_too_small, errors.KPoolShapeError),
+    (_block_out_of_range, errors.KPoolBlockIdError), (_negative_block, errors.KPoolBlockIdError),
+    (_ring_block_out_of_range, errors.KPoolBlockIdError), (_slot_out_of_range, errors.KPoolBlockIdError),
+    (_tail_slot_out_of_range, errors.KPoolBlockIdError), (_non_monotonic, errors.KPoolMetadataError),
+    (_raw_lens_as_pools, errors.KPoolMetadataError), (_positions_gap, errors.KPoolMetadataError),
+    (_max_pool_too_small, errors.KPoolMetadataError), (_cum_beyond_rows, errors.KPoolMetadataError),
+    (_narrow_output, errors.KPoolShapeError), (_bad_ape, errors.KPoolShapeError),
+]
+
+
+@pytest.mark.parametrize("corrupt, error", CASES, ids=[c.__name__.strip("_") for c, _ in CASES])
+def test_bad_input_raises_named_error_and_writes_nothing(corrupt, error, torch_device):
+    caches, kw = small_batch(SMALL, device=torch_device)
+    before = _snapshot(caches)
+    corrupt(kw)
+    with pytest.raises(error):
+        forward(**kw)
+    after = _snapshot(caches)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+
+
+def test_errors_keep_builtin_types():
+    """Callers catching the public implementations' ValueError / NotImplementedError still work."""
+    assert issubclass(errors.KPoolConfigError, ValueError)
+    assert issubclass(errors.KPoolBlockIdError, errors.KPoolMetadataError)
+    assert issubclass(errors.KPoolUnsupportedError, NotImplementedError)
+
+
+def test_valid_batch_passes_and_writes(torch_device):
+    """The unmodified batch is accepted and does write the caches (the checks above are not vacuous)."""
+    caches, kw = small_batch(SMALL, device=torch_device)
+    before = _snapshot(caches)
+    out = forward(**kw)
+    assert out.shape == (kw["k"].shape[0], 1, SMALL.output_width)
+    assert not torch.equal(before[0], _snapshot(caches)[0])
+    assert not torch.equal(before[1], _snapshot(caches)[1])
