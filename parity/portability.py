@@ -1,0 +1,527 @@
+"""Static check that kernel sources stay inside the portable Triton subset
+(platform-numerics.md §6.1, §1.4, §1.5; design.md "Canonical numerics").
+
+The kernels in ``kpool/ops/`` must compile on triton-ascend 3.2.x (A2/A3/A5), upstream Triton on
+CUDA and the CPU interpreter, and reproduce ``reference/numerics.py`` bit for bit. Most ways of
+breaking that are visible in the source, so this module parses it (``ast``, no import, no
+Triton needed) and reports each construct that is outside the subset.
+
+Rules (``Violation.rule``):
+
+``extra-libdevice``
+    ``libdevice``, ``tl.extra.*`` / ``triton.language.extra`` (incl. ``tl.extra.cann``) anywhere.
+``sort-topk``
+    ``tl.sort``, ``tl.topk`` (and tensor methods ``.sort()``/``.topk()`` in jit code): not
+    proven on triton-ascend 3.2 (dtype gaps, §1.5).
+``tf32``
+    keyword ``allow_tf32``, or ``input_precision`` = ``"tf32"``/``"tf32x3"``/``"hf32"``/``"bf16x3"``/``"bf16x6"``.
+``dot-precision``
+    ``tl.dot`` without a literal ``input_precision="ieee"``; ``tl.dot_scaled`` at all.
+``inline-asm``
+    ``tl.inline_asm_elementwise`` (any name containing ``inline_asm``).
+``npu-option``
+    NPU-only launch/compile options (``NPUOptions`` fields of §1.4 such as ``multibuffer``,
+    ``force_simt_only``) and Ascend-only kwargs ``care_padding``/``propagate_nan``, as keyword
+    arguments, exact string constants (dict keys) or attribute/variable names. They belong in
+    ``kpool/platform.py``'s ``launch_options`` (see :func:`check_launch_options`).
+``reduction``
+    ``tl.max``/``tl.min`` (and jit-code methods ``.sum()``/``.max()``/``.min()``): tree order is
+    backend-specific; ``tl.sum`` is allowed only as ``tl.sum(tl.where(...), ...)``, the
+    select-one-element idiom (see :func:`sum_calls`).
+``bf16-rounding``
+    ``.to(tl.bfloat16)`` / ``.cast(tl.bfloat16)`` / ``tl.cast(x, tl.bfloat16)`` with no call to
+    ``round_to_bf16_bits`` in the same statement or the same function: the interpreter truncates
+    on fp32 -> bf16 conversion, so values must be RNE-rounded on int32 bits first.
+``transcendental``
+    ``tl.exp/exp2/log/log2/sqrt/sqrt_rn/rsqrt/sigmoid/softmax/sin/cos/erf/fma`` (libm-dependent
+    or fused; the kernels use the software ``exp_fp32``), also as jit-code tensor methods.
+``float-division``
+    the ``/`` operator (``ast.Div``, also ``/=``) inside a ``@triton.jit`` function, and
+    ``tl.fdiv``/``tl.math.div_rz``-style non-RN divisions anywhere: every fp32 division must be
+    ``tl.math.div_rn`` (``//`` on ints is fine).
+
+Suppression: a comment ``# portable-ok: <rule>[, <rule>] -- <reason>`` on the line a violation
+is reported at silences exactly those rules on that line (e.g. an exact int32 ``tl.max`` used
+as a loop bound); :func:`suppressions` lists them so a test can print every one.
+
+What this cannot see (needs the runtime tests): the dtype of a tensor (a ``tl.sum`` over a
+selected float ``-0.0`` returns ``+0.0`` under the interpreter), implicit fp32 -> bf16
+conversion by ``tl.store`` into a bf16 pointer, and names reached through ``getattr``.
+"""
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+__all__ = ["Violation", "RULES", "NPU_ONLY_OPTIONS", "check_portable_subset", "check_launch_options",
+           "sum_calls", "suppressions", "check_tree"]
+
+RULES = ("extra-libdevice", "sort-topk", "tf32", "dot-precision", "inline-asm", "npu-option",
+         "reduction", "bf16-rounding", "transcendental", "float-division")
+
+# NPUOptions fields of triton-ascend 3.2.x (platform-numerics.md §1.4) that upstream Triton
+# rejects as launch kwargs, plus the Ascend-only op kwargs of §6.1. num_warps, num_stages and
+# enable_fp_fusion are shared with CUDA and therefore not listed.
+NPU_ONLY_OPTIONS = frozenset({
+    "multibuffer", "enable_ubuf_saving", "enable_auto_bind_sub_block", "enable_hivm_auto_cv_balance",
+    "sync_solver", "unit_flag", "inject_barrier_all", "inject_block_all",
+    "limit_auto_multi_buffer_only_for_local_buffer", "limit_auto_multi_buffer_of_local_buffer",
+    "set_workspace_multibuffer", "tile_mix_vector_loop", "tile_mix_cube_loop",
+    "disable_auto_inject_block_sync", "enable_linearize", "enable_nd2nz_on_vector", "compile_mode",
+    "force_simt_only", "allowed_dot_input_precisions", "care_padding", "propagate_nan",
+})
+
+_SORT = frozenset({"sort", "topk"})
+_TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log2", "sqrt", "sqrt_rn", "rsqrt", "sigmoid",
+                             "softmax", "sin", "cos", "erf", "fma"})
+_NON_RN_DIVISION = frozenset({"fdiv", "div_rz", "div_rd", "div_ru"})
+_BAD_PRECISION = frozenset({"tf32", "tf32x3", "hf32", "bf16x3", "bf16x6"})
+_TENSOR_REDUCTIONS = frozenset({"sum", "max", "min"})
+_JIT_DECORATORS = frozenset({"triton.jit", "triton.runtime.jit", "triton.runtime.jit.jit"})
+# Sub-namespaces of triton.language that re-export the same functions (tl.math.exp is tl.exp).
+_TL_SUBMODULES = ("math.", "standard.", "core.")
+_ROUND_HELPER = "round_to_bf16_bits"
+_PRAGMA = re.compile(r"#\s*portable-ok:\s*([\w-]+(?:\s*,\s*[\w-]+)*)")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One construct outside the portable subset.
+
+    Attributes:
+        rule: one of :data:`RULES` (or ``"launch-options"``/``"syntax"``).
+        filename: the file the source came from (as passed in).
+        line, col: 1-based line and 0-based column of the offending node.
+        message: what was found and why it is not portable / not bit-exact.
+    """
+
+    rule: str
+    filename: str
+    line: int
+    col: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.line}:{self.col}: [{self.rule}] {self.message}"
+
+
+def _import_aliases(tree: ast.AST) -> Dict[str, str]:
+    """Local name -> fully dotted module/object path, from every import in the file."""
+    aliases = {"tl": "triton.language", "triton": "triton"}  # defaults for import-less snippets
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    aliases[a.asname] = a.name
+                else:
+                    head = a.name.split(".")[0]
+                    aliases[head] = head
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    return aliases
+
+
+def _dotted(node: ast.AST) -> Optional[List[str]]:
+    """``a.b.c`` -> ``["a", "b", "c"]``; None for anything that is not a plain name chain."""
+    parts: List[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return parts[::-1]
+    return None
+
+
+def _tl_short(full: str) -> Optional[str]:
+    """``"triton.language.math.exp"`` -> ``"exp"``; None outside ``triton.language``."""
+    if not full.startswith("triton.language."):
+        return None
+    rest = full[len("triton.language."):]
+    for sub in _TL_SUBMODULES:
+        if rest.startswith(sub):
+            return rest[len(sub):]
+    return rest
+
+
+class _Checker(ast.NodeVisitor):
+    def __init__(self, tree: ast.AST, filename: str, rules: Set[str]):
+        self.filename = filename
+        self.rules = rules
+        self.aliases = _import_aliases(tree)
+        self.out: List[Violation] = []
+        self.jit_depth = 0
+        self.func_stack: List[ast.AST] = []
+        self.stmt_stack: List[ast.stmt] = []
+        self.sums: List[Tuple[int, bool]] = []
+
+    # ---- helpers -----------------------------------------------------------------------
+    def report(self, rule: str, node: ast.AST, message: str) -> None:
+        if rule in self.rules:
+            self.out.append(Violation(rule, self.filename, getattr(node, "lineno", 0),
+                                      getattr(node, "col_offset", 0), message))
+
+    def resolve(self, node: ast.AST) -> Optional[str]:
+        """Fully dotted name of a name chain, first component resolved through the imports."""
+        parts = _dotted(node)
+        if parts is None:
+            return None
+        head = self.aliases.get(parts[0], parts[0])
+        return ".".join([head] + parts[1:])
+
+    def tl_name(self, node: ast.AST) -> Optional[str]:
+        """``"sum"`` for ``tl.sum``/``triton.language.math.sum``/an imported ``sum``; else None."""
+        full = self.resolve(node)
+        return None if full is None else _tl_short(full)
+
+    def is_jit(self, fn: ast.AST) -> bool:
+        for dec in getattr(fn, "decorator_list", ()):
+            target = dec.func if isinstance(dec, ast.Call) else dec
+            if self.resolve(target) in _JIT_DECORATORS:
+                return True
+        return False
+
+    # ---- scopes ------------------------------------------------------------------------
+    def visit_FunctionDef(self, node):  # also AsyncFunctionDef
+        jit = self.is_jit(node)
+        self.jit_depth += jit
+        self.func_stack.append(node)
+        self.generic_visit(node)
+        self.func_stack.pop()
+        self.jit_depth -= jit
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def generic_visit(self, node):
+        is_stmt = isinstance(node, ast.stmt)
+        if is_stmt:
+            self.stmt_stack.append(node)
+        super().generic_visit(node)
+        if is_stmt:
+            self.stmt_stack.pop()
+
+    # ---- imports -----------------------------------------------------------------------
+    def visit_Import(self, node):
+        for a in node.names:
+            if "libdevice" in a.name or a.name.startswith("triton.language.extra"):
+                self.report("extra-libdevice", node, f"import of {a.name!r} (libdevice / tl.extra is not portable)")
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node):
+        mod = node.module or ""
+        for a in node.names:
+            # `from triton.language import sort` is as non-portable as using tl.sort.
+            self.check_full(node, f"{mod}.{a.name}", f"from {mod} import {a.name}",
+                            mod.split(".") + [a.name])
+            self.check_part(node, a.name)
+        self.generic_visit(node)
+
+    # ---- names -------------------------------------------------------------------------
+    def visit_Attribute(self, node):
+        parts = _dotted(node)
+        if parts is None:  # chain rooted at a call/subscript, e.g. tl.load(p).to(...)
+            self.check_part(node, node.attr)
+            self.visit(node.value)
+            return
+        # A whole name chain is checked once (tl.extra.cann.x must not be reported per level).
+        self.check_name(node)
+        for part in parts:
+            self.check_part(node, part)
+
+    def visit_Name(self, node):
+        self.check_name(node)
+        self.check_part(node, node.id)
+
+    def check_part(self, node: ast.AST, part: str) -> None:
+        if part in NPU_ONLY_OPTIONS:
+            self.report("npu-option", node, f"name {part!r} is an NPU-only option")
+        if "inline_asm" in part:
+            self.report("inline-asm", node, f"{part!r}: inline assembly is not portable")
+
+    def check_name(self, node: ast.AST) -> None:
+        parts = _dotted(node)
+        if parts is not None:
+            self.check_full(node, self.resolve(node) or "", ".".join(parts), parts)
+
+    def check_full(self, node: ast.AST, full: str, shown: str, parts: List[str]) -> None:
+        """Rules that depend only on what a (resolved) dotted name refers to."""
+        if "libdevice" in parts or "libdevice" in full.split(".") or full.startswith("triton.language.extra"):
+            self.report("extra-libdevice", node, f"{shown}: libdevice / tl.extra is not portable")
+            return
+        name = _tl_short(full)
+        if name is None:
+            return
+        if name in _SORT:
+            self.report("sort-topk", node, f"tl.{name}: not proven on triton-ascend 3.2 (do top-k in torch)")
+        elif name in _TRANSCENDENTAL:
+            self.report("transcendental", node, f"tl.{name}: libm/fused result differs per backend; "
+                        "use the software exp_fp32 / explicit mul+add")
+        elif name in _NON_RN_DIVISION:
+            self.report("float-division", node, f"tl.{name}: not round-to-nearest; use tl.math.div_rn")
+        elif name in ("max", "min"):
+            self.report("reduction", node, f"tl.{name}: tree reduction outside the portable subset (§6.1); use an "
+                        "explicit loop, or mark an exact integer use `# portable-ok: reduction -- why`")
+        elif name == "dot_scaled":
+            self.report("dot-precision", node, "tl.dot_scaled: not supported on A2/A3")
+
+    def visit_Constant(self, node):
+        if isinstance(node.value, str) and node.value in NPU_ONLY_OPTIONS:
+            self.report("npu-option", node, f"string {node.value!r} names an NPU-only option")
+
+    # ---- calls -------------------------------------------------------------------------
+    def visit_Call(self, node):
+        for kw in node.keywords:
+            if kw.arg is None:
+                continue
+            if kw.arg in NPU_ONLY_OPTIONS:
+                self.report("npu-option", kw.value, f"keyword {kw.arg}= is an NPU-only option")
+            if kw.arg == "allow_tf32":
+                self.report("tf32", kw.value, "allow_tf32= is rejected on Ascend and not bit-exact")
+            if (kw.arg == "input_precision" and isinstance(kw.value, ast.Constant)
+                    and str(kw.value.value).lower() in _BAD_PRECISION):
+                self.report("tf32", kw.value, f"input_precision={kw.value.value!r} is not IEEE fp32")
+        name = self.tl_name(node.func)
+        if name == "dot":
+            self.check_dot(node)
+        elif name == "sum":
+            self.check_sum(node)
+        elif name == "cast":
+            dtype = node.args[1] if len(node.args) > 1 else self.keyword(node, "dtype")
+            self.check_bf16(node, dtype)
+        if isinstance(node.func, ast.Attribute) and name is None:
+            self.check_method(node)
+        full = self.resolve(node.func) or ""
+        if full in ("importlib.import_module", "__import__") and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and (
+                    "libdevice" in arg.value or arg.value.startswith("triton.language.extra")):
+                self.report("extra-libdevice", node, f"dynamic import of {arg.value!r}")
+        self.generic_visit(node)
+
+    @staticmethod
+    def keyword(node: ast.Call, arg: str) -> Optional[ast.AST]:
+        return next((kw.value for kw in node.keywords if kw.arg == arg), None)
+
+    def check_dot(self, node: ast.Call) -> None:
+        prec = self.keyword(node, "input_precision")
+        if len(node.args) > 3:
+            self.report("dot-precision", node, "tl.dot with positional input_precision/allow_tf32: "
+                        "pass input_precision=\"ieee\" by keyword")
+        elif not (isinstance(prec, ast.Constant) and prec.value == "ieee"):
+            self.report("dot-precision", node, "tl.dot must pass input_precision=\"ieee\" literally")
+
+    def check_sum(self, node: ast.Call) -> None:
+        first = node.args[0] if node.args else self.keyword(node, "input")
+        ok = isinstance(first, ast.Call) and self.tl_name(first.func) == "where"
+        self.sums.append((node.lineno, ok))
+        if not ok:
+            self.report("reduction", node, "tl.sum is allowed only as tl.sum(tl.where(...)) "
+                        "(exact select-one-element idiom); use an explicit loop")
+
+    def check_method(self, node: ast.Call) -> None:
+        attr = node.func.attr
+        if attr in ("to", "cast"):
+            dtype = node.args[0] if node.args else self.keyword(node, "dtype")
+            self.check_bf16(node, dtype)
+        if not self.jit_depth:
+            return  # host code: x.sum() / x.exp() there are torch, not Triton
+        if attr in _SORT:
+            self.report("sort-topk", node, f".{attr}(): tensor sort/top-k not proven on triton-ascend 3.2")
+        elif attr in _TENSOR_REDUCTIONS:
+            self.report("reduction", node, f".{attr}(): tensor reduction in jit code (order is backend-specific)")
+        elif attr in _TRANSCENDENTAL:
+            self.report("transcendental", node, f".{attr}(): libm result differs per backend")
+
+    def check_bf16(self, node: ast.Call, dtype: Optional[ast.AST]) -> None:
+        if dtype is None or self.tl_name(dtype) != "bfloat16":
+            return
+        scope = self.func_stack[-1] if self.func_stack else (self.stmt_stack[-1] if self.stmt_stack else node)
+        for sub in ast.walk(scope):
+            if isinstance(sub, ast.Call):
+                parts = _dotted(sub.func)
+                if parts and parts[-1] == _ROUND_HELPER:
+                    return
+        self.report("bf16-rounding", node, "conversion to tl.bfloat16 without round_to_bf16_bits in the same "
+                    "statement/function (the interpreter truncates instead of rounding to nearest even)")
+
+    # ---- operators ---------------------------------------------------------------------
+    def visit_BinOp(self, node):
+        if isinstance(node.op, ast.Div) and self.jit_depth:
+            self.report("float-division", node, "'/' inside a @triton.jit function; use tl.math.div_rn "
+                        "(or '//' for integers)")
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node):
+        if isinstance(node.op, ast.Div) and self.jit_depth:
+            self.report("float-division", node, "'/=' inside a @triton.jit function; use tl.math.div_rn")
+        self.generic_visit(node)
+
+
+def _parse(source: str, filename: str) -> Tuple[Optional[ast.AST], List[Violation]]:
+    try:
+        return ast.parse(source, filename=filename), []
+    except SyntaxError as err:
+        return None, [Violation("syntax", filename, err.lineno or 0, err.offset or 0, f"cannot parse: {err.msg}")]
+
+
+def check_portable_subset(source: str, filename: str = "<string>",
+                          rules: Optional[Iterable[str]] = None) -> List[Violation]:
+    """Every construct of ``source`` outside the portable Triton subset (platform-numerics.md §6.1).
+
+    Args:
+        source: Python source text of one kernel module (``kpool/ops/*.py``).
+        filename: used only in the returned violations.
+        rules: restrict to these rule ids (default: all of :data:`RULES`).
+    Returns:
+        Violations sorted by (line, column, rule); empty when the file is portable. A file that
+        does not parse yields one ``"syntax"`` violation.
+    Raises:
+        ValueError: an unknown rule id in ``rules``.
+    """
+    selected = set(RULES if rules is None else rules)
+    unknown = selected - set(RULES)
+    if unknown:
+        raise ValueError(f"unknown rules {sorted(unknown)}; known: {RULES}")
+    tree, errors = _parse(source, filename)
+    if tree is None:
+        return errors
+    checker = _Checker(tree, filename, selected)
+    checker.visit(tree)
+    allowed = suppressions(source)
+    kept = {v for v in checker.out if v.rule not in allowed.get(v.line, ())}
+    return sorted(kept, key=lambda v: (v.line, v.col, v.rule, v.message))
+
+
+def suppressions(source: str) -> Dict[int, Set[str]]:
+    """Line -> rule ids silenced there by a ``# portable-ok: rule[, rule]`` comment.
+
+    Raises:
+        tokenize.TokenError / SyntaxError: ``source`` does not tokenize.
+    """
+    out: Dict[int, Set[str]] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            match = _PRAGMA.search(tok.string)
+            if match:
+                out.setdefault(tok.start[0], set()).update(r.strip() for r in match.group(1).split(","))
+    return out
+
+
+def sum_calls(source: str, filename: str = "<string>") -> List[Tuple[int, bool]]:
+    """``(line, first_argument_is_tl_where)`` for every ``tl.sum(...)`` call of ``source``.
+
+    Raises:
+        SyntaxError: ``source`` does not parse.
+    """
+    tree = ast.parse(source, filename=filename)
+    checker = _Checker(tree, filename, set())
+    checker.visit(tree)
+    return sorted(checker.sums)
+
+
+def _is_device_branch(test: ast.AST, device: str) -> bool:
+    """``device == "<device>"`` (either operand order)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return (any(isinstance(s, ast.Name) and s.id == "device" for s in sides)
+            and any(isinstance(s, ast.Constant) and s.value == device for s in sides))
+
+
+def _npu_mentions(tree: ast.AST) -> List[Tuple[ast.AST, str]]:
+    """(node, option) for each NPU-only option named by a keyword, exact string, attribute or name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg in NPU_ONLY_OPTIONS:
+            found.append((node.value, node.arg))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in NPU_ONLY_OPTIONS:
+            found.append((node, node.value))
+        elif isinstance(node, ast.Attribute) and node.attr in NPU_ONLY_OPTIONS:
+            found.append((node, node.attr))
+        elif isinstance(node, ast.Name) and node.id in NPU_ONLY_OPTIONS:
+            found.append((node, node.id))
+    return found
+
+
+def _sets_fp_fusion_off(body: List[ast.stmt]) -> bool:
+    """The branch sets ``enable_fp_fusion`` to the literal ``False`` (dict key or keyword)."""
+    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if (isinstance(key, ast.Constant) and key.value == "enable_fp_fusion"
+                        and isinstance(value, ast.Constant) and value.value is False):
+                    return True
+        if isinstance(node, ast.keyword) and node.arg == "enable_fp_fusion":
+            if isinstance(node.value, ast.Constant) and node.value.value is False:
+                return True
+    return False
+
+
+def check_launch_options(source: str, filename: str = "kpool/platform.py") -> List[Violation]:
+    """Check the one place NPU-only options may live (platform-numerics.md §1.4, §6.2).
+
+    ``source`` must define a module-level ``launch_options`` function with an ``if device ==
+    "cuda"`` branch that sets ``enable_fp_fusion`` to ``False`` (no FMA contraction: bit parity)
+    and names no NPU-only option, and an ``if device == "npu"`` branch; every NPU-only option
+    (:data:`NPU_ONLY_OPTIONS`) anywhere in the module must sit inside that npu branch.
+
+    Returns:
+        ``"launch-options"`` violations (empty when all holds), or one ``"syntax"`` violation.
+    """
+    tree, errors = _parse(source, filename)
+    if tree is None:
+        return errors
+    out: List[Violation] = []
+
+    def bad(node, message):
+        out.append(Violation("launch-options", filename, getattr(node, "lineno", 0),
+                             getattr(node, "col_offset", 0), message))
+
+    func = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "launch_options"), None)
+    if func is None:
+        bad(tree, "no module-level function launch_options")
+        return out
+    branches = {dev: [n for n in ast.walk(func) if isinstance(n, ast.If) and _is_device_branch(n.test, dev)]
+                for dev in ("npu", "cuda")}
+    allowed: Set[int] = set()
+    for branch in branches["npu"]:
+        for stmt in branch.body:
+            allowed.update(id(n) for n in ast.walk(stmt))
+    for node, label in _npu_mentions(tree):
+        if id(node) not in allowed:
+            bad(node, f"NPU-only option {label!r} outside launch_options' device == \"npu\" branch")
+    if not branches["npu"]:
+        bad(func, "launch_options has no `if device == \"npu\"` branch")
+    if not branches["cuda"]:
+        bad(func, "launch_options has no `if device == \"cuda\"` branch")
+    elif not any(_sets_fp_fusion_off(b.body) for b in branches["cuda"]):
+        bad(branches["cuda"][0], "the cuda branch of launch_options does not set enable_fp_fusion=False")
+    return sorted(out, key=lambda v: (v.line, v.col, v.message))
+
+
+def check_tree(root: Path, package: str = "kpool/ops") -> List[Violation]:
+    """:func:`check_portable_subset` over every ``*.py`` under ``root/package`` (recursive).
+
+    Filenames in the result are relative to ``root``.
+    """
+    out: List[Violation] = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = str(path.relative_to(root))
+        out.extend(check_portable_subset(path.read_text(encoding="utf-8"), rel))
+    return out
+
+
+if __name__ == "__main__":  # python parity/portability.py [ROOT]: print violations, exit 1 if any
+    import sys
+
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    found = check_tree(root) + check_launch_options((root / "kpool/platform.py").read_text(), "kpool/platform.py")
+    for v in found:
+        print(v)
+    sys.exit(1 if found else 0)
