@@ -1,0 +1,133 @@
+"""Command line of the parity harness: ``python -m parity run ...`` (parity-contract.md).
+
+``run`` resolves the device first (``kpool.platform.resolve_device``: for ``cpu`` it sets
+``TRITON_INTERPRET=1``, which must happen before any ``kpool.ops`` kernel is imported), builds the
+seed scenarios (``cases.scenarios.seed_cases``), runs every case with
+:func:`parity.runner.run_case`, prints the results table and a summary line, and optionally writes
+CSV/JSON/markdown (``--report DIR``) and JUnit XML (``--junit FILE``).
+
+Exit status: 0 all checks pass, 1 at least one failure finding, 2 usage error (bad option,
+unknown case, unavailable device).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from typing import List, Optional, Sequence
+
+SIZES = ("small", "glm5.3-flash")
+SUITES = ("seed",)
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser (sub-command ``run``)."""
+    parser = argparse.ArgumentParser(prog="python -m parity",
+                                     description="Bit-exact parity of the KPool Triton kernels vs the PyTorch reference.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run parity cases and report every check",
+                         description="Run the parity cases; exit 1 on any failure finding.")
+    run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
+                     help="kernel device; cpu = Triton interpreter (default: auto, npu > cuda > cpu)")
+    run.add_argument("--suite", default="seed", choices=SUITES, help="case suite (default: seed)")
+    run.add_argument("--size", default="small", choices=SIZES + ("all",), help="case sizes (default: small)")
+    run.add_argument("--seed", type=int, default=0, help="offset added to every case and step seed (default: 0)")
+    run.add_argument("--case", nargs="+", default=None, metavar="NAME",
+                     help="only these cases (by name or name[size])")
+    run.add_argument("--report", metavar="DIR", help="write results.csv, results.json, summary.md, timings.csv here")
+    run.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
+    run.add_argument("--no-oracle", action="store_true", help="skip the reference-vs-oracle check")
+    run.add_argument("--mode", default="lockstep", choices=("lockstep", "resync"),
+                     help="lockstep (default) or resync (reference gets the kernel's caches before each step)")
+    run.add_argument("--failures-only", action="store_true", help="print only failing rows (files keep all rows)")
+    return parser
+
+
+def offset_seeds(case, offset: int):
+    """``case`` with ``offset`` added to its seed and every step's seed (``--seed``)."""
+    if not offset:
+        return case
+    steps = [dataclasses.replace(s, seed=s.seed + offset) for s in case.steps]
+    return dataclasses.replace(case, seed=case.seed + offset, steps=steps)
+
+
+def select_cases(cases: Sequence, names: Optional[Sequence[str]]) -> List:
+    """Cases whose ``name`` or ``case_id`` is in ``names`` (all when ``names`` is None).
+
+    Raises:
+        KeyError: a name matches no case (message lists the available names).
+    """
+    if not names:
+        return list(cases)
+    wanted = set(names)
+    known = {c.name for c in cases} | {c.case_id for c in cases}
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise KeyError(f"unknown case(s) {unknown}; available: {sorted({c.name for c in cases})}")
+    return [c for c in cases if c.name in wanted or c.case_id in wanted]
+
+
+def _run(args) -> int:
+    from rich.markup import escape
+
+    from .report import make_console
+    console = make_console()
+    # 1. Device first: nothing may import kpool.ops before this.
+    from kpool.errors import KPoolUnsupportedError
+    from kpool.platform import resolve_device
+    try:
+        device = resolve_device(None if args.device == "auto" else args.device)
+    except KPoolUnsupportedError as exc:
+        print(f"python -m parity run: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    # 2. Cases.
+    try:
+        from cases.scenarios import seed_cases
+    except ImportError as exc:
+        print(f"python -m parity run: error: cannot load the seed scenarios ({exc})", file=sys.stderr)
+        return EXIT_USAGE
+    sizes = list(SIZES) if args.size == "all" else [args.size]
+    try:
+        cases = select_cases(seed_cases(sizes), args.case)
+    except KeyError as exc:
+        print(f"python -m parity run: error: {exc.args[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    cases = [offset_seeds(c, args.seed) for c in cases]
+    # 3. Run.
+    import pandas as pd
+    from . import report
+    from .runner import run_case
+    console.print(f"device={device} suite={args.suite} size={args.size} seed={args.seed} "
+                  f"mode={args.mode} oracle={'off' if args.no_oracle else 'on'}: {len(cases)} cases")
+    t0 = time.perf_counter()
+    results = []
+    for case in cases:
+        res = run_case(case, device=device, check_oracle=not args.no_oracle, mode=args.mode)
+        results.append(res)
+        status = "[green]ok[/]" if res.ok else f"[red]{len(res.failures)} failures[/]"
+        console.print(f"  {escape(res.case_id)}: {res.steps_run} steps, {res.wall_s:.2f} s, {status}")
+    wall = time.perf_counter() - t0
+    df = report.results_table(results)
+    summary = report.print_results(df, wall_s=wall, console=console, failures_only=args.failures_only)
+    timings = pd.concat([r.timings for r in results], ignore_index=True) if results else None
+    if args.report:
+        paths = report.write_report(df, args.report, wall_s=wall, timings=timings)
+        console.print(escape(f"report: {', '.join(paths.values())}"))
+    if args.junit:
+        console.print(escape(f"junit: {report.write_junit(df, args.junit)}"))
+    return EXIT_FAIL if summary["failures"] else EXIT_OK
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point; returns the exit status (argparse usage errors and ``--help`` included)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    if args.command == "run":
+        return _run(args)
+    parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
+    return EXIT_USAGE

@@ -1,0 +1,140 @@
+"""Planted faults: mutated copies of the ``kpool`` package, for testing that the harness catches
+real kernel bugs (and classifies them right) without any fault hook in production code.
+
+:func:`load_mutant` copies the ``kpool`` source tree into a temporary directory under another
+package name (``kpool_mutant_<name>``), applies one textual mutation (an exact substring that
+must occur exactly once, so a refactor that removes it fails loudly instead of silently testing
+nothing), imports the copy and returns its ``indexer`` module, whose ``forward`` is the mutated
+kernel forward. Real files are written because Triton reads kernel source with
+``inspect.getsource``. ``kpool`` imports itself relatively, so the copy is self-contained except
+for ``kpool/ops/compress.py``'s absolute ``from kpool.platform import launch_options`` (the
+copy uses the real ``kpool.platform``; harmless, it holds no state a mutation touches).
+
+Import the kernels only after ``kpool.platform.resolve_device`` (the interpreter flag is read
+when a kernel is decorated).
+"""
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+from typing import Optional, Tuple
+
+MUTANTS = {
+    # own incomplete pool admitted: visible = floor((p + P) / P) instead of floor((p + 1) / P), §4.1
+    "visible-off-by-one": (
+        "ops/indexer.py",
+        "visible = tl.minimum((pos + 1) // P, pools_of_req)",
+        "visible = tl.minimum((pos + P) // P, pools_of_req)",
+        "wrong-index"),
+    # APE slot order reversed (slot j gets ape[P-1-j]), §5.3 step 1; done at the launch site,
+    # which is equivalent to the kernel indexing the APE rows backwards.
+    "ape-reversed": (
+        "ops/compress.py",
+        "k, gate, ape, compressed_cache.view(torch.int16), tail_cache,",
+        "k, gate, ape.flip(0), compressed_cache.view(torch.int16), tail_cache,",
+        "cache-mismatch"),
+    # packed tail written one column to the right, §4.5 step 2
+    "tail-wrong-column": (
+        "ops/indexer.py",
+        "tail_col = tl.minimum(tail_start, index_topk)",
+        "tail_col = tl.minimum(tail_start + 1, index_topk)",
+        "wrong-tail"),
+    # the t < T_live guard removed: padding rows with stale positive ring slots write the ring,
+    # §5.4 (stray-write where a stale slot hits a ring row nobody writes in that step; a
+    # ring-mismatch too when it clobbers a live row)
+    "padding-row-writes": (
+        "ops/compress.py",
+        "num_live = int(num_live_tokens)",
+        "num_live = int(k.shape[0])",
+        "stray-write"),
+}
+"""``name -> (file relative to kpool/, exact old substring, new substring, expected verdict)``."""
+
+_ROOT: Optional[str] = None
+
+
+def _kpool_dir() -> str:
+    import kpool
+    return os.path.dirname(os.path.abspath(kpool.__file__))
+
+
+def _root() -> str:
+    global _ROOT
+    if _ROOT is None:
+        _ROOT = tempfile.mkdtemp(prefix="kpool_mutants_")
+        atexit.register(shutil.rmtree, _ROOT, True)
+        sys.path.insert(0, _ROOT)
+    return _ROOT
+
+
+def package_name(name: str) -> str:
+    """``kpool_mutant_<name>`` with every non-identifier character replaced by ``_``."""
+    return "kpool_mutant_" + re.sub(r"\W", "_", name)
+
+
+def apply_mutation(source: str, old: str, new: str, *, where: str = "") -> str:
+    """Replace the single occurrence of ``old`` in ``source`` by ``new``.
+
+    Raises:
+        AssertionError: ``old`` occurs zero or several times (the kernel changed: update MUTANTS).
+    """
+    count = source.count(old)
+    assert count == 1, f"mutation substring occurs {count} times in {where or 'source'} (expected 1): {old!r}"
+    return source.replace(old, new)
+
+
+def build_mutant(name: str, mutation: Optional[Tuple[str, str, str, Optional[str]]] = None) -> str:
+    """Write the mutated package ``package_name(name)`` to disk (once per process).
+
+    Args:
+        name: mutant name (a key of :data:`MUTANTS` unless ``mutation`` is given).
+        mutation: ``(relative_file, old, new, expected_verdict)``; defaults to ``MUTANTS[name]``.
+    Returns:
+        The package name, importable (its parent directory is on ``sys.path``).
+    Raises:
+        KeyError: unknown name without ``mutation``. AssertionError: see :func:`apply_mutation`.
+        FileNotFoundError: the file does not exist in ``kpool``.
+    """
+    rel, old, new, _ = mutation if mutation is not None else MUTANTS[name]
+    pkg = package_name(name)
+    dest = os.path.join(_root(), pkg)
+    if os.path.isdir(dest):
+        return pkg
+    tmp = dest + ".tmp"
+    shutil.copytree(_kpool_dir(), tmp, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    path = os.path.join(tmp, rel)
+    with open(path) as f:
+        src = f.read()
+    with open(path, "w") as f:
+        f.write(apply_mutation(src, old, new, where=f"kpool/{rel}"))
+    os.replace(tmp, dest)
+    importlib.invalidate_caches()
+    return pkg
+
+
+def load_mutant(name: str, *, mutation: Optional[Tuple[str, str, str, Optional[str]]] = None,
+                module: str = "indexer"):
+    """Import a mutated copy of ``kpool`` and return one of its modules.
+
+    Args:
+        name: key of :data:`MUTANTS`, or any name together with ``mutation``.
+        mutation: ``(relative_file, old, new, expected_verdict)`` overriding ``MUTANTS[name]``.
+        module: the module to return (default ``"indexer"``: its ``forward`` is the mutated
+            kernel forward, same signature as ``kpool.indexer.forward``).
+    Returns:
+        The imported module ``kpool_mutant_<name>.<module>``.
+    Raises:
+        As :func:`build_mutant`; ImportError if the mutated package does not import.
+    """
+    pkg = build_mutant(name, mutation)
+    return importlib.import_module(f"{pkg}.{module}")
+
+
+def expected_verdict(name: str) -> str:
+    """The verdict :data:`MUTANTS` says the harness must report for mutant ``name``."""
+    return MUTANTS[name][3]
