@@ -24,9 +24,9 @@ _KERNEL_MODULES = ("kpool.ops.compress", "kpool.ops.indexer")
 
 
 def _npu_available() -> bool:
-    if importlib.util.find_spec("torch_npu") is None:
-        return False
     try:
+        if importlib.util.find_spec("torch_npu") is None:
+            return False
         import torch_npu  # noqa: F401
         return bool(torch.npu.is_available())
     except Exception:
@@ -97,12 +97,14 @@ def launch_options(device: str) -> dict:
     """Backend-specific Triton launch kwargs (platform-numerics.md §6.2).
 
     cuda: ``num_warps=4`` and ``enable_fp_fusion=False`` (no FMA contraction: bit parity);
-    npu: ``multibuffer=True`` (False on A5); cpu (interpreter): none. NPU-only options are
+    npu: ``multibuffer=True`` (False on A5) and ``enable_fp_fusion=False`` (the field exists in
+    triton-ascend's NPUOptions; whether BiShengIR contracts mul+add is unverified, §6.4 item 2);
+    cpu (interpreter): none. NPU-only options are
     never returned for CUDA (compiled upstream Triton rejects unknown kwargs).
     """
     if device == "cuda":
         return {"num_warps": 4, "enable_fp_fusion": False}
     if device == "npu":
         from .hardware import current_hardware_profile
-        return {"multibuffer": not current_hardware_profile().is_a5}
+        return {"multibuffer": not current_hardware_profile().is_a5, "enable_fp_fusion": False}
     return {}

@@ -236,7 +236,7 @@ def test_current_profile_probes_once(fake_npu, platform_state):
 ])
 def test_launch_options_npu_from_cached_profile(platform_state, profile, multibuffer):
     platform_state.setattr(hardware, "_PROFILE", profile)
-    assert launch_options("npu") == {"multibuffer": multibuffer}
+    assert launch_options("npu") == {"multibuffer": multibuffer, "enable_fp_fusion": False}
 
 
 @pytest.mark.parametrize("soc, multibuffer", [(220, True), (225, True), (255, True), (260, False)])
@@ -244,7 +244,7 @@ def test_launch_options_npu_end_to_end(fake_npu, platform_state, soc, multibuffe
     """Nothing cached: launch_options -> current_hardware_profile -> resolve_device -> fake SoC."""
     platform_state.setenv("KPOOL_DEVICE", "npu")
     fake_npu.soc = soc
-    assert launch_options("npu") == {"multibuffer": multibuffer}
+    assert launch_options("npu") == {"multibuffer": multibuffer, "enable_fp_fusion": False}
     assert hardware._PROFILE.soc_version == soc
 
 
