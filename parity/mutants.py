@@ -28,8 +28,8 @@ MUTANTS = {
     # own incomplete pool admitted: visible = floor((p + P) / P) instead of floor((p + 1) / P), §4.1
     "visible-off-by-one": (
         "ops/indexer.py",
-        "visible = tl.minimum((pos + 1) // P, pools_of_req)",
-        "visible = tl.minimum((pos + P) // P, pools_of_req)",
+        "tl.minimum((pos + 1) // P, pools_of_req)",
+        "tl.minimum((pos + P) // P, pools_of_req)",
         "wrong-index"),
     # APE slot order reversed (slot j gets ape[P-1-j]), §5.3 step 1; done at the launch site,
     # which is equivalent to the kernel indexing the APE rows backwards.
