@@ -1,0 +1,75 @@
+# KPool parity harness. Every target bootstraps what it needs (scripts/bootstrap.sh):
+#   PYTHON=...        use this interpreter as is (no installs)
+#   else system python3 if it already imports torch + (triton | torch_npu)
+#   else .venv with CPU torch 2.13.0 + triton 3.6.0
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+BOOTSTRAP := bash scripts/bootstrap.sh
+RUN_PYTEST := bash scripts/run-pytest.sh
+
+# Interpreter override; empty = auto (see above). Exported so bootstrap sees it.
+PYTHON ?=
+PYTHON_ASCEND ?=
+export PYTHON PYTHON_ASCEND
+
+# ---- parity knobs ---------------------------------------------------------
+DEVICE ?=
+SIZE   ?= all
+SUITE  ?= seed
+JOBS   ?= 1
+SEED   ?=
+REPORT ?=
+JUNIT  ?=
+PARITY_ARGS ?= $(if $(DEVICE),--device $(DEVICE)) --suite $(SUITE) --size $(SIZE) \
+               $(if $(SEED),--seed $(SEED)) $(if $(REPORT),--report $(REPORT)) \
+               $(if $(JUNIT),--junit $(JUNIT)) $(if $(filter-out 1,$(JOBS)),--jobs $(JOBS))
+BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE))
+
+# ---- pytest knobs ---------------------------------------------------------
+# xdist flags are dropped automatically if pytest-xdist is missing
+# (scripts/run-pytest.sh). KPOOL_DEVICE is left to the code.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS    ?= -n $(PYTEST_WORKERS) --dist loadfile
+
+.PHONY: help bootstrap parity test bench ascend-interp-env test-ascend-interp clean
+
+help:
+	@echo "make parity   - Triton kernels vs PyTorch reference on the seed scenarios"
+	@echo "                (DEVICE=npu|cuda|cpu SIZE=$(SIZE) SUITE=$(SUITE) SEED= REPORT=DIR JUNIT=FILE)"
+	@echo "make test     - unit tests (PYTEST_ARGS='$(PYTEST_ARGS)')"
+	@echo "make bench    - benchmarks"
+	@echo "make test-ascend-interp - interpreter_ok tests on triton-ascend under TRITON_INTERPRET=1 (CPU)"
+	@echo "make bootstrap / ascend-interp-env - only build the environment"
+	@echo "make clean    - remove .venv, .venv-ascend, caches, reports"
+
+bootstrap:
+	@$(BOOTSTRAP) main
+
+parity:
+	@PY="$$($(BOOTSTRAP) main)"; \
+	echo "[make] $$PY -m parity run $(strip $(PARITY_ARGS))" >&2; \
+	"$$PY" -m parity run $(PARITY_ARGS)
+
+test:
+	@PY="$$($(BOOTSTRAP) main)"; \
+	$(RUN_PYTEST) "$$PY" $(PYTEST_ARGS) tests
+
+bench:
+	@PY="$$($(BOOTSTRAP) main)"; \
+	echo "[make] $$PY -m parity bench $(strip $(BENCH_ARGS))" >&2; \
+	"$$PY" -m parity bench $(BENCH_ARGS)
+
+ascend-interp-env:
+	@$(BOOTSTRAP) ascend
+
+test-ascend-interp: export TRITON_INTERPRET = 1
+test-ascend-interp: export KPOOL_DEVICE = cpu
+test-ascend-interp:
+	@PY_ASCEND="$$($(BOOTSTRAP) ascend)"; \
+	PYTEST_ALLOW_EMPTY=1 $(RUN_PYTEST) "$$PY_ASCEND" $(PYTEST_ARGS) tests -m interpreter_ok
+
+clean:
+	rm -rf .venv .venv-ascend .pytest_cache .hypothesis reports build *.egg-info
+	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
