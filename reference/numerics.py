@@ -69,9 +69,17 @@ def exp_fp32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), x, y)
 
 
+BF16_CANONICAL_NAN = 0x7FC0
+"""Every NaN is stored as this quiet NaN (torch's own fp32->bf16 NaN bits differ by platform:
+0xFFFF on CPU, 0x7FFF on CUDA; the kernels store 0x7FC0 everywhere)."""
+
+
 def round_bf16(x: torch.Tensor) -> torch.Tensor:
-    """fp32 -> bf16 with round-to-nearest-even (``bf16(x)`` of kpool-algorithm.md notation)."""
-    return x.to(F32).to(torch.bfloat16)
+    """fp32 -> bf16 with round-to-nearest-even (``bf16(x)`` of kpool-algorithm.md notation);
+    NaN becomes the canonical quiet NaN :data:`BF16_CANONICAL_NAN`."""
+    y = x.to(F32).to(torch.bfloat16)
+    nan = torch.full_like(y.view(torch.int16), BF16_CANONICAL_NAN).view(torch.bfloat16)
+    return torch.where(torch.isnan(y), nan, y)
 
 
 def compress_pools(k_window: torch.Tensor, gate_window: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
