@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 import os
 
-# The interpreter on CPU by default; KPOOL_COMPRESS_TEST_DEVICE=cuda runs the same bitwise
-# checks on compiled kernels (CUDA tensors) where a GPU is present.
-os.environ["KPOOL_DEVICE"] = os.environ.get("KPOOL_COMPRESS_TEST_DEVICE", "cpu")
+# The device the repo conftest resolved (``--device`` / KPOOL_DEVICE); the CPU interpreter when
+# the file runs on its own. ``pytest --device cuda`` runs the same bitwise checks compiled.
+os.environ.setdefault("KPOOL_DEVICE", os.environ.get("KPOOL_COMPRESS_TEST_DEVICE", "cpu"))
 
 import kpool.platform  # noqa: E402
 
