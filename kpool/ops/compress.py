@@ -75,6 +75,13 @@ def _compress_pools_kernel(
         # Narrow to int32 before tl.where: int64 select is not in the A2/A3 subset.
         p = tl.where(pos_ok, pos.to(tl.int32), 0)
         valid = live & pos_ok & ((p + 1) % P == 0) & (slot >= 0) & (slot < num_slots)
+        # Destination row, computed here in the rows' own layout: a tl.where on `valid` after the
+        # 2-D tiles below hit a layout-conversion bug in Triton 3.6's CUDA backend at small D.
+        # Multiplying by valid (0/1) keeps invalid lanes at slot 0; their store is masked anyway.
+        slot32 = slot.to(tl.int32) * valid.to(tl.int32)
+        page = slot32 // B
+        prow = slot32 - page * B
+        dst = page.to(tl.int64) * cc_s0 + prow.to(tl.int64) * cc_s1
 
         # Most rows complete no pool (decode steps: 3 of 4 at P=4): skip such blocks.
         if tl.max(valid.to(tl.int32), axis=0) > 0:  # portable-ok: reduction -- exact int32 any()
@@ -126,10 +133,6 @@ def _compress_pools_kernel(
                 else:
                     out = out + term
 
-            slot32 = tl.where(valid, slot.to(tl.int32), 0)
-            page = slot32 // B
-            prow = slot32 - page * B
-            dst = page.to(tl.int64) * cc_s0 + prow.to(tl.int64) * cc_s1
             tl.store(cc_ptr + dst[:, None] + offs_d[None, :] * cc_s3, bf16_rne_int16(out),
                      mask=valid[:, None] & dmask[None, :])
 
