@@ -9,7 +9,7 @@ reproducible from its description.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -47,6 +47,11 @@ class Step:
         patch_metadata: optional ``fn(metadata) -> metadata`` applied after the builder
             (e.g. to plant out-of-range slots); the patched metadata is what both sides see.
         expect_error: exception type both sides must raise (bad-input steps, contract §5).
+        forks: prefix-cache resumes that happen before this step, as ``(src_id, dst_id,
+            upto_position)``: request ``dst_id`` starts from the first ``upto_position`` tokens of
+            ``src_id`` (its block table shares ``src_id``'s pages; the oracle copies that prefix
+            with :meth:`reference.oracle.HistoryOracle.fork`). Kernel-correct only when
+            ``upto_position`` is a multiple of P (kpool-algorithm.md §5.2).
     """
 
     name: str
@@ -58,6 +63,7 @@ class Step:
     inputs: Optional[Callable] = None
     patch_metadata: Optional[Callable[[KPoolMetadata], KPoolMetadata]] = None
     expect_error: Optional[type] = None
+    forks: Sequence[Tuple[int, int, int]] = ()
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ class _Side:
 
 def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
              reference_forward: Optional[Callable] = None, check_oracle: bool = True,
-             mode: str = "lockstep") -> CaseResult:
+             mode: str = "lockstep", stop_on_failure: bool = False) -> CaseResult:
     """Run every step of ``case`` on the kernel and the reference and compare them.
 
     Args:
@@ -117,6 +117,8 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         check_oracle: also check the stateful reference against ``reference.oracle.HistoryOracle``
             (indices and pool writes bitwise; findings with output ``reference-vs-oracle``).
         mode: ``"lockstep"`` or ``"resync"`` (:data:`MODES`).
+        stop_on_failure: stop after the first step with a failure finding (generated runs:
+            shrinking only needs the first failing step).
 
     Returns:
         :class:`CaseResult`. Exceptions of either forward become findings (``crash``, or the
@@ -161,7 +163,7 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         frames.append(cmp.findings_frame(rows, **ctx))
         timings += [{**ctx, "side": side, "wall_s": s} for side, s in times.items()]
         steps_run += 1
-        if stop:
+        if stop or (stop_on_failure and frames[-1]["verdict"].map(cmp.is_failure).any()):
             break
     findings = pd.concat(frames, ignore_index=True) if frames else cmp.findings_frame([])
     return CaseResult(case=case.name, size=case.size, case_id=case.case_id, findings=findings,
@@ -248,6 +250,8 @@ def _oracle_findings(oracle, case, step, meta, inputs, ape, ref_out, ref_caches)
     (index rows, and every pool the step wrote, read back from the reference's cache)."""
     cfg, B = case.config, case.geometry.page_size
     try:
+        for src, dst, upto in getattr(step, "forks", ()):   # prefix-cache resumes (cases.spec.Step.forks)
+            oracle.fork(src, dst, upto)
         expect = oracle.step(
             request_ids=list(step.request_ids), k=inputs["k"], gate=inputs["gate"], q=inputs.get("q"),
             weights=inputs.get("weights"), ape=ape, positions=meta.positions,
