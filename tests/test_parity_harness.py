@@ -420,8 +420,10 @@ def test_run_case_reference_against_itself_is_exact():
 
 
 def run_case_cpu(case, **kw):
+    """Run on the session's device (the CPU interpreter unless pytest ran with --device)."""
+    import os
     from parity.runner import run_case
-    return run_case(case, device="cpu", **kw)
+    return run_case(case, device=os.environ.get("KPOOL_DEVICE", "cpu"), **kw)
 
 
 @NEEDS_REFERENCE

@@ -83,58 +83,58 @@ def _compress_pools_kernel(
         prow = slot32 - page * B
         dst = page.to(tl.int64) * cc_s0 + prow.to(tl.int64) * cc_s1
 
-        # Most rows complete no pool (decode steps: 3 of 4 at P=4): skip such blocks.
-        if tl.max(valid.to(tl.int32), axis=0) > 0:  # portable-ok: reduction -- exact int32 any()
-            r = request_of_rows(rows, cum_ptr, num_requests)
-            end_r = tl.load(cum_ptr + r)
-            qs_row = tl.load(cum_ptr + r - 1, mask=r > 0, other=0)
-            raw = tl.load(raw_ptr + r * raw_s)
-            qs_pos = raw - (end_r - qs_row)
-            ring_blk = tl.load(tbt_ptr + r * tbt_s0)
-            ring_ok = (ring_blk >= 0) & (ring_blk < num_tail_blocks)
-            ring_base = ring_blk.to(tl.int64) * t_s0
-            in_shift = qs_row - qs_pos
-            w0 = p - (P - 1)
+        # No data-dependent skip of row blocks without a completing row: an `if` on a reduced
+        # mask made Triton 3.6's CUDA layout pass crash at small D; masked rows cost little.
+        r = request_of_rows(rows, cum_ptr, num_requests)
+        end_r = tl.load(cum_ptr + r)
+        qs_row = tl.load(cum_ptr + r - 1, mask=r > 0, other=0)
+        raw = tl.load(raw_ptr + r * raw_s)
+        qs_pos = raw - (end_r - qs_row)
+        ring_blk = tl.load(tbt_ptr + r * tbt_s0)
+        ring_ok = (ring_blk >= 0) & (ring_blk < num_tail_blocks)
+        ring_base = ring_blk.to(tl.int64) * t_s0
+        in_shift = qs_row - qs_pos
+        w0 = p - (P - 1)
 
-            # Pass 1: m = sequential max of s_j = gate_j + ape_j.
-            g = _window_tile(gate_ptr, g_s0, g_s1, tail_ptr, t_s1, w0, qs_pos, in_shift, num_live,
-                             ring_base, ring_ok, C, t_s2, t_s3, valid, offs_d, dmask)
-            a = tl.load(ape_ptr + offs_d * ape_s1, mask=dmask, other=0.0)
-            m = g + a[None, :]
-            for j in tl.static_range(1, P):
-                g = _window_tile(gate_ptr, g_s0, g_s1, tail_ptr, t_s1, w0 + j, qs_pos, in_shift,
-                                 num_live, ring_base, ring_ok, C, t_s2, t_s3, valid, offs_d, dmask)
-                a = tl.load(ape_ptr + j * ape_s0 + offs_d * ape_s1, mask=dmask, other=0.0)
-                m = tl.maximum(m, g + a[None, :])
-            # Pass 2: Z = left-to-right sum of e_j = exp(s_j - m). s_j is recomputed (same bits)
-            # instead of kept in P live tiles, to bound on-chip memory for large P.
-            z = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-            for j in tl.static_range(P):
-                g = _window_tile(gate_ptr, g_s0, g_s1, tail_ptr, t_s1, w0 + j, qs_pos, in_shift,
-                                 num_live, ring_base, ring_ok, C, t_s2, t_s3, valid, offs_d, dmask)
-                a = tl.load(ape_ptr + j * ape_s0 + offs_d * ape_s1, mask=dmask, other=0.0)
-                e = exp_fp32((g + a[None, :]) - m)
-                if j == 0:
-                    z = e
-                else:
-                    z = z + e
-            # Pass 3: out = sum_j div_rn(e_j, Z) * K_j, each product rounded before its add.
-            out = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-            for j in tl.static_range(P):
-                g = _window_tile(gate_ptr, g_s0, g_s1, tail_ptr, t_s1, w0 + j, qs_pos, in_shift,
-                                 num_live, ring_base, ring_ok, C, t_s2, t_s3, valid, offs_d, dmask)
-                a = tl.load(ape_ptr + j * ape_s0 + offs_d * ape_s1, mask=dmask, other=0.0)
-                e = exp_fp32((g + a[None, :]) - m)
-                kv = _window_tile(k_ptr, k_s0, k_s1, tail_ptr, 0, w0 + j, qs_pos, in_shift,
-                                  num_live, ring_base, ring_ok, C, t_s2, t_s3, valid, offs_d, dmask)
-                term = tl.math.div_rn(e, z) * kv
-                if j == 0:
-                    out = term
-                else:
-                    out = out + term
+        # Pass 1: m = sequential max of s_j = gate_j + ape_j.
+        g = _window_tile(gate_ptr, g_s0, g_s1, tail_ptr, t_s1, w0, qs_pos, in_shift, num_live,
+                         ring_base, ring_ok, C, t_s2, t_s3, valid, offs_d, dmask)
+        a = tl.load(ape_ptr + offs_d * ape_s1, mask=dmask, other=0.0)
+        m = g + a[None, :]
+        for j in tl.static_range(1, P):
+            g = _window_tile(gate_ptr, g_s0, g_s1, tail_ptr, t_s1, w0 + j, qs_pos, in_shift,
+                             num_live, ring_base, ring_ok, C, t_s2, t_s3, valid, offs_d, dmask)
+            a = tl.load(ape_ptr + j * ape_s0 + offs_d * ape_s1, mask=dmask, other=0.0)
+            m = tl.maximum(m, g + a[None, :])
+        # Pass 2: Z = left-to-right sum of e_j = exp(s_j - m). s_j is recomputed (same bits)
+        # instead of kept in P live tiles, to bound on-chip memory for large P.
+        z = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        for j in tl.static_range(P):
+            g = _window_tile(gate_ptr, g_s0, g_s1, tail_ptr, t_s1, w0 + j, qs_pos, in_shift,
+                             num_live, ring_base, ring_ok, C, t_s2, t_s3, valid, offs_d, dmask)
+            a = tl.load(ape_ptr + j * ape_s0 + offs_d * ape_s1, mask=dmask, other=0.0)
+            e = exp_fp32((g + a[None, :]) - m)
+            if j == 0:
+                z = e
+            else:
+                z = z + e
+        # Pass 3: out = sum_j div_rn(e_j, Z) * K_j, each product rounded before its add.
+        out = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        for j in tl.static_range(P):
+            g = _window_tile(gate_ptr, g_s0, g_s1, tail_ptr, t_s1, w0 + j, qs_pos, in_shift,
+                             num_live, ring_base, ring_ok, C, t_s2, t_s3, valid, offs_d, dmask)
+            a = tl.load(ape_ptr + j * ape_s0 + offs_d * ape_s1, mask=dmask, other=0.0)
+            e = exp_fp32((g + a[None, :]) - m)
+            kv = _window_tile(k_ptr, k_s0, k_s1, tail_ptr, 0, w0 + j, qs_pos, in_shift,
+                              num_live, ring_base, ring_ok, C, t_s2, t_s3, valid, offs_d, dmask)
+            term = tl.math.div_rn(e, z) * kv
+            if j == 0:
+                out = term
+            else:
+                out = out + term
 
-            tl.store(cc_ptr + dst[:, None] + offs_d[None, :] * cc_s3, bf16_rne_int16(out),
-                     mask=valid[:, None] & dmask[None, :])
+        tl.store(cc_ptr + dst[:, None] + offs_d[None, :] * cc_s3, bf16_rne_int16(out),
+                 mask=valid[:, None] & dmask[None, :])
 
 
 @triton.jit(do_not_specialize=["num_live", "num_requests", "iters", "num_tail_slots"])
