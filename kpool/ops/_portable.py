@@ -27,21 +27,36 @@ import triton.language as tl
 def _install_interpreter_compat() -> None:
     """Make runtime loop bounds work in the Triton interpreter under NumPy >= 2.3.
 
-    Why: the interpreter (triton 3.6) wraps every scalar kernel argument and
-    ``tl.program_id`` in a 1-element 1-D array and converts it for ``range(...)`` with
-    ``int(array)``, which NumPy >= 2.3 rejects ("only 0-dimensional arrays can be converted
-    to Python scalars"). Any ``for i in range(0, n)`` with a runtime ``n`` then fails.
-    We re-register ``tensor.__index__`` to read the single element. Only in interpreter mode,
-    only when NumPy actually rejects the conversion; compiled kernels are unaffected.
+    Why: the interpreter wraps every scalar kernel argument and ``tl.program_id`` in a
+    1-element 1-D array and converts it for ``range(...)`` with ``int(array)``, which NumPy >= 2.3
+    rejects ("only 0-dimensional arrays can be converted to Python scalars"). Any
+    ``for i in range(0, n)`` with a runtime ``n`` then fails. We re-register
+    ``tensor.__index__`` to read the single element, wrapping the interpreter's
+    ``_patch_lang_tensor`` in both shapes it has:
+
+    * triton >= 3.4 (3.6 here): ``_patch_lang_tensor(tensor, scope)``; attributes go through
+      ``scope.set_attr`` and are restored LIFO when the launch ends, so ours is undone first.
+    * triton-ascend 3.2 (Triton 3.2 base): ``_patch_lang_tensor(tensor)`` assigns the attributes
+      directly and never restores them; ours is assigned right after and stays.
+
+    Only in interpreter mode, only when NumPy rejects (>= 2.3) or deprecates (1.25-2.2) the
+    conversion; compiled kernels are unaffected. An interpreter of yet another shape is left
+    alone (the kernels then fail loudly at the first runtime loop, as without the patch).
     """
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
+    import warnings
+
     import numpy as np
-    try:
-        int(np.array([1]))
-        return
-    except TypeError:
-        pass
+    with warnings.catch_warnings():
+        # NumPy 1.25-2.2 only warn (DeprecationWarning, once per runtime loop of every launch);
+        # patch there too, which also silences that flood.
+        warnings.simplefilter("error", DeprecationWarning)
+        try:
+            int(np.array([1]))
+            return              # NumPy < 1.25: plain int() works, nothing to fix
+        except (TypeError, DeprecationWarning):
+            pass
     try:
         from triton.runtime import interpreter as _interp
     except ImportError:  # pragma: no cover - a Triton build without the interpreter module
@@ -49,14 +64,34 @@ def _install_interpreter_compat() -> None:
     original = getattr(_interp, "_patch_lang_tensor", None)
     if original is None or getattr(original, "_kpool_compat", False):
         return
+    _interp._patch_lang_tensor = _compat_patch_lang_tensor(original)
 
-    def _patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        # LIFO restore in the patch scope undoes this first, then the original.
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
+def _scalar_index(self) -> int:
+    """``tensor.__index__`` for the interpreter: the single element of the 1-element array."""
+    return int(self.handle.data.reshape(-1)[0])
+
+
+def _compat_patch_lang_tensor(original):
+    """Wrap the interpreter's ``_patch_lang_tensor`` (one- or two-argument form, see
+    :func:`_install_interpreter_compat`) so that ``tensor.__index__`` is :func:`_scalar_index`."""
+    import inspect
+    try:
+        n_params = len(inspect.signature(original).parameters)
+    except (TypeError, ValueError):  # pragma: no cover - builtins have no signature
+        return original
+    if n_params == 1:
+        def _patch_lang_tensor(tensor):
+            original(tensor)
+            tensor.__index__ = _scalar_index
+    elif n_params == 2:
+        def _patch_lang_tensor(tensor, scope):
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", _scalar_index)
+    else:
+        return original
     _patch_lang_tensor._kpool_compat = True
-    _interp._patch_lang_tensor = _patch_lang_tensor
+    return _patch_lang_tensor
 
 
 _install_interpreter_compat()

@@ -191,7 +191,9 @@ def _score_kernel(
                     qb_ptrs += 1
                     c_ptrs += stride_cd
             # §4.3: invisible, NaN and <= LOWEST -> LOWEST; > FLT_MAX (+inf) -> FLT_MAX.
-            low = (~cell_vis) | (score != score) | (score <= _LOWEST)
+            # Invisible cells by comparison, not ``~cell_vis``: bool invert needs an int1 type
+            # triton-ascend 3.2's interpreter builder lacks (get_int1_ty).
+            low = (pools[None, :] >= visible[:, None]) | (score != score) | (score <= _LOWEST)
             score = tl.where(low, _LOWEST, tl.where(score > _FLT_MAX, _FLT_MAX, score))
             tl.store(out_ptrs, score, mask=out_mask)
         else:
