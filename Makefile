@@ -40,7 +40,8 @@ help:
 	@echo "                (DEVICE=npu|cuda|cpu SIZE=$(SIZE) SUITE=$(SUITE) SEED= REPORT=DIR JUNIT=FILE)"
 	@echo "make test     - unit tests (PYTEST_ARGS='$(PYTEST_ARGS)')"
 	@echo "make bench    - benchmarks"
-	@echo "make test-ascend-interp - interpreter_ok tests on triton-ascend under TRITON_INTERPRET=1 (CPU)"
+	@echo "make test-ascend-interp - interpreter_ok tests + small parity run on triton-ascend"
+	@echo "                under TRITON_INTERPRET=1 (CPU); fails if no test is marked interpreter_ok"
 	@echo "make bootstrap / ascend-interp-env - only build the environment"
 	@echo "make clean    - remove .venv, .venv-ascend, caches, reports"
 
@@ -68,7 +69,9 @@ test-ascend-interp: export TRITON_INTERPRET = 1
 test-ascend-interp: export KPOOL_DEVICE = cpu
 test-ascend-interp:
 	@PY_ASCEND="$$($(BOOTSTRAP) ascend)"; \
-	PYTEST_ALLOW_EMPTY=1 $(RUN_PYTEST) "$$PY_ASCEND" $(PYTEST_ARGS) tests -m interpreter_ok
+	$(RUN_PYTEST) "$$PY_ASCEND" $(PYTEST_ARGS) tests -m interpreter_ok; \
+	echo "[make] $$PY_ASCEND -m parity run --device cpu --size small --failures-only" >&2; \
+	"$$PY_ASCEND" -m parity run --device cpu --size small --failures-only
 
 clean:
 	rm -rf .venv .venv-ascend .pytest_cache .hypothesis reports build *.egg-info

@@ -120,9 +120,10 @@ if [ "$MODE" = main ]; then
 else
     VENV="$ROOT/.venv-ascend"
     # No plain `triton` here: triton-ascend ships the `triton` module itself.
-    # numpy<2.3: triton-ascend 3.2's interpreter converts 1-element arrays with
-    # int(arr) (runtime loop bounds), which NumPy >= 2.3 rejects.
-    PKGS=("torch==$TORCH_VERSION" "triton-ascend==$TRITON_ASCEND_VERSION" pybind11 "numpy<2.3" pandas hypothesis pytest pytest-xdist rich)
+    # Current NumPy is fine: triton-ascend 3.2's interpreter converts 1-element
+    # arrays with int(arr) (runtime loop bounds), which NumPy >= 2.3 rejects, but
+    # kpool/ops/_portable.py patches that conversion for both interpreter shapes.
+    PKGS=("torch==$TORCH_VERSION" "triton-ascend==$TRITON_ASCEND_VERSION" pybind11 "${PURE_DEPS[@]}")
 fi
 STAMP="$VENV/.bootstrap-ok"
 SPEC="$MODE: ${PKGS[*]}"

@@ -38,8 +38,10 @@ from reference.numerics import exp_fp32 as ref_exp_fp32  # noqa: E402
 I16, I32, F32 = torch.int16, torch.int32, torch.float32
 DEV = kpool.platform.torch_device(BACKEND)
 # numpy warns on the inf/NaN lanes that the kernels compute and then discard (or propagate).
+# interpreter_ok: also run by `make test-ascend-interp` (triton-ascend 3.2's interpreter).
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+              pytest.mark.interpreter_ok]
 
 SENT16 = 0x7FA5            # bf16 NaN with a payload: the compressed-cache sentinel
 SENT32 = 0x7F8A5A5A        # fp32 signalling-NaN pattern: the ring sentinel

@@ -25,6 +25,8 @@ LOWEST = rn.LOWEST
 FLT_MAX = rn.FLT_MAX
 P, B, D, K_TOK = 4, 3, 16, 8
 NAN_BF16 = 0x7FC1  # a NaN payload laid over page padding and guards: a wrong stride reads it
+# Also run by `make test-ascend-interp` (triton-ascend 3.2's interpreter).
+pytestmark = pytest.mark.interpreter_ok
 
 
 def bits(x: torch.Tensor) -> torch.Tensor:

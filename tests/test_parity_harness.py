@@ -530,12 +530,14 @@ def test_load_mutant_mechanism_with_metadata_mutation():
 
 
 @NEEDS_KERNELS
+@pytest.mark.interpreter_ok
 def test_kernels_match_reference_on_tiny_case():
     res = run_case_cpu(_tiny_case())
     assert res.ok, report.results_table(res.failures)[["step", "output", "verdict", "first_mismatch", "detail"]]
 
 
 @NEEDS_KERNELS
+@pytest.mark.interpreter_ok
 @pytest.mark.parametrize("name", ["visible-off-by-one", "ape-reversed", "tail-wrong-column", "padding-row-writes"])
 def test_planted_kernel_fault_is_caught(name):
     from parity.mutants import expected_verdict, load_mutant
