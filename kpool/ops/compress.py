@@ -75,10 +75,11 @@ def _compress_pools_kernel(
         # Narrow to int32 before tl.where: int64 select is not in the A2/A3 subset.
         p = tl.where(pos_ok, pos.to(tl.int32), 0)
         valid = live & pos_ok & ((p + 1) % P == 0) & (slot >= 0) & (slot < num_slots)
-        # Destination row, computed here in the rows' own layout: a tl.where on `valid` after the
-        # 2-D tiles below hit a layout-conversion bug in Triton 3.6's CUDA backend at small D.
-        # Multiplying by valid (0/1) keeps invalid lanes at slot 0; their store is masked anyway.
-        slot32 = slot.to(tl.int32) * valid.to(tl.int32)
+        # Destination row from the slot alone: any op mixing the i1 `valid` into a 1-D int value
+        # (tl.where, .to(int32)) crashes Triton 3.6's CUDA layout pass (TritonGPURemoveLayout-
+        # Conversions) at some tile shapes. Invalid lanes get a meaningless address, never used:
+        # their store is masked by `valid`.
+        slot32 = slot.to(tl.int32)
         page = slot32 // B
         prow = slot32 - page * B
         dst = page.to(tl.int64) * cc_s0 + prow.to(tl.int64) * cc_s1
