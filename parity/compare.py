@@ -18,8 +18,10 @@ Comparison rules (parity-contract.md §1):
 * sentinels (§4): ``stray-write`` / ``missing-write`` per buffer and side (:mod:`parity.sentinel`).
 * bad input (§5): the same exception type on both sides, else ``not-rejected`` / ``crash``.
 
-Certified exceptions (§3.1 rounding boundary, §3.2 tie) are hooks only: :func:`certify_rounding_boundaries`
-and :func:`certify_ties` certify nothing yet, so every difference is a failure.
+Certified exceptions (§3.1 rounding boundary, §3.2 tie) come from :mod:`parity.certificates`: the
+comparators take a per-step context (:class:`parity.certificates.RoundingContext`,
+:class:`parity.certificates.TieContext`) and without one (exact-data cases) certify nothing.
+Uncertified differences carry the certificate's reason in ``detail``.
 """
 from __future__ import annotations
 
@@ -38,10 +40,15 @@ PASS_VERDICTS = frozenset({"exact", "rounding-boundary", "tie-equivalent"})
 """Verdicts that are not failures (the two certified ones count as passes)."""
 
 LOCATION_COLUMNS = ("row", "position", "request", "column", "pool_id", "page", "page_row",
-                    "block", "plane", "slot", "channel", "region")
+                    "block", "plane", "slot", "channel", "region", "kernel", "program_id")
 """Localisation of a finding's first mismatch: token row / position / request / column / pool id
 (indices), page / page_row / channel (compressed cache), block / plane / slot / channel (ring),
-region (sentinel checks: ``view``, ``guard-before``, ``page-padding``, ``between-rows``...)."""
+region (sentinel checks: ``view``, ``guard-before``, ``page-padding``, ``between-rows``...), and
+the kernel and program id that wrote the element where the launch tiling makes it derivable
+(:mod:`parity.programs`; cache and ring findings also name the writing token row, its position,
+request and pool id)."""
+TEXT_LOCATION_COLUMNS = ("region", "kernel")
+"""Location columns holding text; the others are nullable integers."""
 FINDING_COLUMNS = ("case", "size", "step", "step_name", "output", "verdict", "mismatches",
                    *LOCATION_COLUMNS, "detail")
 """Columns of a findings DataFrame."""
@@ -73,14 +80,14 @@ def findings_frame(rows: Iterable[dict], **context) -> pd.DataFrame:
     rows = [{**context, **r} for r in rows]
     df = pd.DataFrame(rows, columns=list(FINDING_COLUMNS))
     for col in ("step", "mismatches", *LOCATION_COLUMNS):
-        if col != "region":
+        if col not in TEXT_LOCATION_COLUMNS:
             df[col] = df[col].astype("Int64")
-    for col in ("case", "size", "step_name", "output", "verdict", "region", "detail"):
+    for col in ("case", "size", "step_name", "output", "verdict", *TEXT_LOCATION_COLUMNS, "detail"):
         df[col] = df[col].astype("object")
     return df
 
 
-# --------------------------------------------------------------------------- certificate hooks
+# --------------------------------------------------------------------------- certificates
 
 @dataclass(frozen=True)
 class Certificate:
@@ -90,35 +97,36 @@ class Certificate:
     reason: str
 
 
-NOT_CERTIFIED = Certificate(False, "certificates not implemented yet")
-
-
 def certify_rounding_boundaries(kernel_bits: torch.Tensor, reference_bits: torch.Tensor,
-                                differing: torch.Tensor, context: Optional[dict] = None) -> torch.Tensor:
-    """Hook for parity-contract.md §3.1 (bf16 rounding boundary). NOT IMPLEMENTED: certifies nothing.
+                                differing: torch.Tensor, context=None) -> torch.Tensor:
+    """parity-contract.md §3.1 (bf16 rounding boundary); see
+    :func:`parity.certificates.certify_rounding_boundaries`.
 
     Args:
         kernel_bits / reference_bits: int16 ``[N, B, 1, D]`` compressed-cache bits.
         differing: bool ``[N, B, 1, D]`` elements that differ.
-        context: what a real certificate needs (fp32 inputs of each pool, budget).
+        context: :class:`parity.certificates.RoundingContext`; ``None`` certifies nothing.
     Returns:
-        bool ``[N, B, 1, D]``: certified elements (all False for now).
+        bool ``[N, B, 1, D]``: certified elements.
     """
-    return torch.zeros_like(differing)
+    from .certificates import certify_rounding_boundaries as certify
+    return certify(kernel_bits, reference_bits, differing, context)[0]
 
 
 def certify_ties(kernel_rows: torch.Tensor, reference_rows: torch.Tensor, rows: torch.Tensor,
-                 context: Optional[dict] = None) -> torch.Tensor:
-    """Hook for parity-contract.md §3.2 (tie at the top-k boundary). NOT IMPLEMENTED: certifies nothing.
+                 context=None, tail: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """parity-contract.md §3.2 (tie at the top-k boundary); see :func:`parity.certificates.certify_ties`.
 
     Args:
         kernel_rows / reference_rows: int32 ``[T, W]``.
-        rows: int64 ``[n]`` live rows whose history columns differ.
-        context: what a real certificate needs (cache rows, q, weights, float64 scores).
+        rows: int64 ``[n]`` live rows whose history columns differ (tails identical).
+        context: :class:`parity.certificates.TieContext`; ``None`` certifies nothing.
+        tail: bool ``[T, W]`` tail-column mask.
     Returns:
-        bool ``[n]``: rows certified tie-equivalent (all False for now).
+        bool ``[n]``: rows certified tie-equivalent.
     """
-    return torch.zeros(rows.shape[0], dtype=torch.bool)
+    from .certificates import certify_ties as certify
+    return certify(kernel_rows, reference_rows, rows, context, tail)[0]
 
 
 # --------------------------------------------------------------------------- indices
@@ -158,12 +166,14 @@ def compare_indices(kernel, reference, *, positions: torch.Tensor, cum_query_len
         compute_topk: ``False`` requires ``None`` on both sides.
         kernel_buffer / reference_buffer: the int32 ``[capacity, width]`` caller buffers when the
             step used one; their alignment columns ``[:T, W:width]`` are compared too.
-        context: passed to :func:`certify_ties`.
+        context: :class:`parity.certificates.TieContext` of the step, or ``None`` (no
+            certificate: exact-data cases).
 
     Returns:
         Findings: ``exact``, or one per class among ``padding-leak``, ``wrong-tail``,
-        ``wrong-index`` (and ``tie-equivalent`` once certified), each with the first mismatch's
-        row, position, request, column, pool id (reference value // P, else kernel's).
+        ``tie-equivalent`` (rows certified by parity-contract.md §3.2; only rows whose tail
+        columns agree qualify) and ``wrong-index``, each with the first mismatch's row,
+        position, request, column, pool id (reference value // P, else kernel's).
     """
     if not compute_topk or kernel is None or reference is None:
         if kernel is None and reference is None:
@@ -227,18 +237,26 @@ def compare_indices(kernel, reference, *, positions: torch.Tensor, cum_query_len
                            detail=f"kernel={kv} reference={rv}", **where))
     hist_mask = diff & history
     if hist_mask.any():
-        rows = hist_mask.any(dim=1).nonzero().flatten()
-        cert = certify_ties(k2, r2, rows, context)
+        # §3.2: a row is certifiable only if its tail (and padding) columns agree.
+        rows = (hist_mask.any(dim=1) & ~tail_mask.any(dim=1)).nonzero().flatten()
+        from .certificates import certify_ties as _certify
+        cert, reasons = _certify(k2, r2, rows, context, tail)
         certified_rows = rows[cert]
         if certified_rows.numel():
+            t0 = int(certified_rows[0])
             out.append(finding(output, "tie-equivalent", int(hist_mask[certified_rows].sum()),
-                               detail=f"{certified_rows.numel()} rows certified", row=int(certified_rows[0])))
+                               detail=f"{certified_rows.numel()} rows certified tie-equivalent",
+                               row=t0, position=int(pos[t0]) if t0 < pos.numel() else None,
+                               request=_request_of(cum, t0)))
             hist_mask[certified_rows] = False
+        why = {int(t): r for t, r, c in zip(rows.tolist(), reasons, cert.tolist()) if not c}
         if hist_mask.any():
             where = loc(hist_mask, k2, r2, with_pool=True)
             kv, rv = where.pop("_kr")
+            reason = why.get(where["row"], "tail columns differ too" if context is not None else "")
             out.append(finding(output, "wrong-index", int(hist_mask.sum()),
-                               detail=f"kernel={kv} reference={rv}; {int(hist_mask.any(1).sum())} rows differ",
+                               detail=f"kernel={kv} reference={rv}; {int(hist_mask.any(1).sum())} rows differ"
+                                      + (f"; not a tie: {reason}" if reason else ""),
                                **where))
     return out or [finding(output, "exact")]
 
@@ -250,11 +268,13 @@ def _cache_findings(output: str, kbits: torch.Tensor, rbits: torch.Tensor, knan:
                     certify=None) -> List[dict]:
     diff = kbits != rbits
     out = []
+    reason = ""
     if certify is not None and diff.any():
-        cert = certify(kbits, rbits, diff) & diff
+        cert, reason = certify(kbits, rbits, diff)
+        cert &= diff
         if cert.any():
             out.append(finding(output, "rounding-boundary", int(cert.sum()),
-                               detail="certified rounding boundary",
+                               detail=f"{int(cert.sum())} elements certified on a bf16 rounding boundary",
                                **_coords(cert, names)))
             diff &= ~cert
     nan_new = diff & knan & ~rnan
@@ -265,6 +285,8 @@ def _cache_findings(output: str, kbits: torch.Tensor, rbits: torch.Tensor, knan:
             first = tuple(int(x) for x in mask.nonzero()[0])
             detail = (f"kernel=0x{int(kbits[first]) & _mask_bits(kbits):X} "
                       f"reference=0x{int(rbits[first]) & _mask_bits(rbits):X}")
+            if reason and verdict == mismatch_class:
+                detail += f"; not a rounding boundary: {reason}"
             out.append(finding(output, verdict, int(mask.sum()), detail=detail, **coords))
     return out or [finding(output, "exact")]
 
@@ -278,12 +300,21 @@ def _coords(mask: torch.Tensor, names: Sequence[Optional[str]]) -> dict:
     return {n: int(c) for n, c in zip(names, first) if n is not None}
 
 
+def _certify_rb(kbits, rbits, diff, context):
+    from .certificates import certify_rounding_boundaries as certify
+    return certify(kbits, rbits, diff, context)
+
+
 def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor,
                        output: str = "compressed_cache", context: Optional[dict] = None) -> List[dict]:
     """Compare bf16 ``[N, B, 1, D]`` compressed caches on their int16 bits, whole tensor.
 
-    Returns findings ``exact`` or ``cache-mismatch`` / ``nan-introduced`` (first at page,
-    page_row, channel); ``rounding-boundary`` once :func:`certify_rounding_boundaries` certifies.
+    Args:
+        context: :class:`parity.certificates.RoundingContext` of the step, or ``None`` (no
+            certificate: exact-data cases).
+
+    Returns findings ``exact``, ``rounding-boundary`` (certified elements, parity-contract.md
+    §3.1), ``cache-mismatch`` / ``nan-introduced`` (first at page, page_row, channel).
     Raises:
         ValueError: shapes or dtypes differ (a harness bug: both sides share one layout).
     """
@@ -292,7 +323,7 @@ def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor
     k, r = kernel_cache.detach().cpu(), reference_cache.detach().cpu()
     return _cache_findings(output, k.view(torch.int16), r.view(torch.int16), torch.isnan(k), torch.isnan(r),
                            ("page", "page_row", None, "channel"), "cache-mismatch",
-                           certify=lambda a, b, d: certify_rounding_boundaries(a, b, d, context))
+                           certify=lambda a, b, d: _certify_rb(a, b, d, context))
 
 
 def compare_ring(kernel_ring: torch.Tensor, reference_ring: torch.Tensor,

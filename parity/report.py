@@ -58,9 +58,12 @@ def summarize(df: pd.DataFrame, *, wall_s: Optional[float] = None) -> dict:
     cases = df[["case", "size"]].drop_duplicates() if len(df) else df
     steps = df[["case", "size", "step"]].drop_duplicates() if len(df) else df
     bad_cases = df[failing][["case", "size"]].drop_duplicates() if len(df) else df
+    certified = {v: int(df.loc[df["verdict"] == v, "mismatches"].sum()) if len(df) else 0
+                 for v in ("rounding-boundary", "tie-equivalent")}
     return {"cases": int(len(cases)), "steps": int(len(steps)), "checks": int(len(df)),
             "findings": int((df["verdict"] != "exact").sum()) if len(df) else 0,
             "failures": int(failing.sum()), "failing_cases": int(len(bad_cases)),
+            "certified": certified,
             "wall_s": None if wall_s is None else round(float(wall_s), 3)}
 
 
@@ -68,9 +71,12 @@ def summary_line(summary: dict) -> str:
     """One line: ``"PASS: 12 cases, 40 steps, 480 checks, 0 findings, 0 failures, 35.2 s"``."""
     status = "FAIL" if summary["failures"] else "PASS"
     wall = "" if summary.get("wall_s") is None else f", {summary['wall_s']:.1f} s"
+    cert = summary.get("certified") or {}
+    certified = ", ".join(f"{n} {v}" for v, n in cert.items() if n)
     return (f"{status}: {summary['cases']} cases, {summary['steps']} steps, {summary['checks']} checks, "
             f"{summary['findings']} findings, {summary['failures']} failures "
-            f"({summary['failing_cases']} failing cases){wall}")
+            f"({summary['failing_cases']} failing cases){wall}"
+            + (f"; certified elements: {certified}" if certified else ""))
 
 
 def make_console():
@@ -108,6 +114,65 @@ def print_results(df: pd.DataFrame, *, wall_s: Optional[float] = None, console=N
     return summary
 
 
+CERTIFIED_OUTPUTS = (("indices", "tie-equivalent"), ("compressed_cache", "rounding-boundary"))
+"""The outputs that admit a certified exception and its class (parity-contract.md §3)."""
+
+
+def certified_counts(df: pd.DataFrame, *, by_case: bool = False) -> pd.DataFrame:
+    """Certified-exception counts per output (parity-contract.md §3: "report the count of
+    certified elements; a rising count is a signal").
+
+    Args:
+        df: findings / results table.
+        by_case: one row per case x output instead of per output.
+    Returns:
+        DataFrame with ``[case, size,] output, certificate, steps, elements, max_per_step``:
+        ``steps`` = steps with a certified finding, ``elements`` = certified elements summed over
+        steps (index elements of tie-equivalent rows; bf16 elements on a rounding boundary,
+        counted again in every step they persist), ``max_per_step`` its largest single-step value.
+        Every certifiable output appears (zeros included), so the table is comparable run to run.
+    """
+    keys = ["case", "size"] if by_case else []
+    groups = df[keys].drop_duplicates().to_dict("records") if by_case and len(df) else ([{}] if not by_case else [])
+    rows = []
+    for g in groups:
+        sub = df
+        for k, v in g.items():
+            sub = sub[sub[k] == v]
+        for output, verdict in CERTIFIED_OUTPUTS:
+            hit = sub[(sub["output"] == output) & (sub["verdict"] == verdict)]
+            per_step = hit.groupby(["case", "size", "step"])["mismatches"].sum() if len(hit) else pd.Series([], dtype="int64")
+            rows.append({**g, "output": output, "certificate": verdict, "steps": int(len(per_step)),
+                         "elements": int(per_step.sum()) if len(per_step) else 0,
+                         "max_per_step": int(per_step.max()) if len(per_step) else 0})
+    return pd.DataFrame(rows, columns=keys + ["output", "certificate", "steps", "elements", "max_per_step"])
+
+
+def first_divergence(df: pd.DataFrame) -> pd.DataFrame:
+    """The first failing step of every failing case: ``case, size, step, step_name, outputs``
+    (the failing outputs of that step) and ``failing_steps`` (all of them). In ``--mode resync``
+    the first failing step is the one that produces the divergence (parity-contract.md §1)."""
+    cols = ["case", "size", "step", "step_name", "outputs", "failing_steps"]
+    if not len(df):
+        return pd.DataFrame(columns=cols)
+    fails = df[df["verdict"].map(is_failure)]
+    rows = []
+    for (case, size), g in fails.groupby(["case", "size"], sort=False):
+        steps = sorted({int(s) for s in g["step"].dropna()})
+        if not steps:
+            continue
+        first = g[g["step"] == steps[0]]
+        rows.append({"case": case, "size": size, "step": steps[0], "step_name": first["step_name"].iloc[0],
+                     "outputs": ", ".join(dict.fromkeys(first["output"])),
+                     "failing_steps": " ".join(map(str, steps))})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def markdown_table(df: pd.DataFrame, columns: Sequence[str]) -> str:
+    """A GitHub-markdown table of ``df[columns]`` (``|`` escaped, nulls empty)."""
+    return _markdown_table(df, columns)
+
+
 def _markdown_table(df: pd.DataFrame, columns: Sequence[str]) -> str:
     def cell(v):
         if v is None or (not isinstance(v, str) and pd.isna(v)):
@@ -119,14 +184,24 @@ def _markdown_table(df: pd.DataFrame, columns: Sequence[str]) -> str:
 
 
 def write_report(df: pd.DataFrame, directory: Union[str, os.PathLike], *,
-                 wall_s: Optional[float] = None, timings: Optional[pd.DataFrame] = None) -> dict:
+                 wall_s: Optional[float] = None, timings: Optional[pd.DataFrame] = None,
+                 environment: Optional[dict] = None, bundles: Optional[dict] = None,
+                 run: Optional[dict] = None) -> dict:
     """Write ``results.csv``, ``results.json``, ``summary.md`` (and ``timings.csv``) into ``directory``.
+
+    ``summary.md`` holds the summary line, the run and environment, the verdict counts, the
+    certified-exception counts per output (:func:`certified_counts`, overall and per case), the
+    first divergent step of each failing case (:func:`first_divergence`), the repro bundles and
+    the failing rows.
 
     Args:
         df: findings (or a :func:`results_table`).
         directory: created if missing.
         wall_s: total wall time for the summary.
         timings: optional per-step timings (:data:`parity.runner.TIMING_COLUMNS`).
+        environment: optional :func:`parity.bundle.environment` dict.
+        bundles: optional ``{case_id: bundle directory}``.
+        run: optional run options (:meth:`parity.session.RunOptions.to_dict`).
     Returns:
         ``{"csv": path, "json": path, "markdown": path[, "timings": path]}``.
     """
@@ -138,14 +213,49 @@ def write_report(df: pd.DataFrame, directory: Union[str, os.PathLike], *,
              "markdown": os.path.join(directory, "summary.md")}
     df.to_csv(paths["csv"], index=False)
     records = json.loads(df.to_json(orient="records"))
+    cert = certified_counts(df)
+    cert_cases = certified_counts(df, by_case=True)
+    diverge = first_divergence(df)
     with open(paths["json"], "w") as f:
-        json.dump({"summary": summary, "results": records}, f, indent=1)
+        json.dump({"summary": summary, "run": run, "environment": environment,
+                   "certified": json.loads(cert.to_json(orient="records")),
+                   "certified_by_case": json.loads(cert_cases.to_json(orient="records")),
+                   "first_divergence": json.loads(diverge.to_json(orient="records")),
+                   "bundles": bundles or {}, "results": records}, f, indent=1)
     fails = df[df["verdict"].map(is_failure)] if len(df) else df
     counts = df["verdict"].value_counts().rename_axis("verdict").reset_index(name="rows") if len(df) \
         else pd.DataFrame(columns=["verdict", "rows"])
-    md = ["# KPool parity report", "", summary_line(summary), "",
-          "## Verdicts", "", _markdown_table(counts, ["verdict", "rows"]), "",
-          "## Failures", ""]
+    md = ["# KPool parity report", "", summary_line(summary), ""]
+    if run or environment:
+        md += ["## Run", ""]
+        if run:
+            md.append("- options: " + ", ".join(f"{k}={v}" for k, v in run.items()))
+        if environment:
+            git = environment.get("git") or {}
+            md += [f"- device: {environment.get('device')} ({environment.get('device_name')}, "
+                   f"family {environment.get('family')}, SoC {environment.get('soc_version')}, "
+                   f"capability {environment.get('gpu_capability')})",
+                   f"- versions: torch {environment.get('torch')}, torch_npu {environment.get('torch_npu')}, "
+                   f"triton {environment.get('triton')}, triton-ascend {environment.get('triton_ascend')}, "
+                   f"CUDA {environment.get('cuda')}, python {environment.get('python')}",
+                   f"- git: {git.get('revision')}{' (dirty)' if git.get('dirty') else ''}"]
+        md.append("")
+    md += ["## Verdicts", "", _markdown_table(counts, ["verdict", "rows"]), "",
+           "## Certified exceptions per output", "",
+           "Only parity-contract.md §3 certificates pass without bitwise equality; `elements` sums the "
+           "certified elements over steps (a certified cache element is counted in every step it persists).", "",
+           _markdown_table(cert, list(cert.columns)), ""]
+    nonzero = cert_cases[cert_cases["elements"] > 0] if len(cert_cases) else cert_cases
+    if len(nonzero):
+        md += ["Per case:", "", _markdown_table(nonzero, list(nonzero.columns)), ""]
+    md += ["## First divergent step", ""]
+    md.append(_markdown_table(diverge, list(diverge.columns)) if len(diverge) else "No divergence.")
+    md.append("")
+    if bundles:
+        md += ["## Repro bundles", ""]
+        md += [f"- {cid}: `python -m parity replay {path}`" for cid, path in bundles.items()]
+        md.append("")
+    md += ["## Failures", ""]
     md.append(_markdown_table(fails, list(REPORT_COLUMNS) + ["detail"]) if len(fails) else "No failures.")
     with open(paths["markdown"], "w") as f:
         f.write("\n".join(md) + "\n")
@@ -155,23 +265,44 @@ def write_report(df: pd.DataFrame, directory: Union[str, os.PathLike], *,
     return paths
 
 
-def write_junit(df: pd.DataFrame, path: Union[str, os.PathLike]) -> str:
-    """JUnit XML: one testsuite per case, one testcase per step x output, a ``<failure>`` for
-    every failing finding (message = verdict, text = location and detail). Returns ``path``."""
+def write_junit(df: pd.DataFrame, path: Union[str, os.PathLike], *,
+                bundles: Optional[dict] = None) -> str:
+    """JUnit XML for CI systems: one ``<testsuite>`` per case, one ``<testcase>`` per case x step x
+    output (``classname`` = case id, ``name`` = ``<step>:<step_name>:<output>``), one ``<failure>``
+    per failing finding (``message`` = verdict, ``type`` = the output, text = mismatches, location,
+    detail, and the replay command when ``bundles`` has the case); certified findings are noted
+    in ``<system-out>``. Suite attributes ``tests``/``failures`` count testcases. Returns ``path``."""
     df = results_table(df) if "first_mismatch" not in df.columns else df
     root = ET.Element("testsuites", name="kpool-parity")
+    total = total_fail = 0
     for (case, size), group in df.groupby(["case", "size"], sort=False):
-        suite = ET.SubElement(root, "testsuite", name=f"{case}[{size}]")
+        cid = f"{case}[{size}]"
+        suite = ET.SubElement(root, "testsuite", name=cid)
         n_fail = 0
-        for (step, name, output), rows in group.groupby(["step", "step_name", "output"], sort=False):
-            tc = ET.SubElement(suite, "testcase", classname=f"{case}[{size}]", name=f"{step}:{name}:{output}")
+        for (step, name, output), rows in group.groupby(["step", "step_name", "output"], sort=False, dropna=False):
+            step_label = "" if pd.isna(step) else int(step)
+            tc = ET.SubElement(suite, "testcase", classname=cid, name=f"{step_label}:{name}:{output}")
+            failed, notes = False, []
             for r in rows.to_dict("records"):
                 if is_failure(r["verdict"]):
-                    n_fail += 1
-                    fail = ET.SubElement(tc, "failure", message=r["verdict"])
-                    fail.text = f"{r['mismatches']} mismatches; {r['first_mismatch']}; {r['detail'] or ''}"
-        suite.set("tests", str(len(suite)))
+                    failed = True
+                    fail = ET.SubElement(tc, "failure", message=r["verdict"], type=str(output))
+                    text = f"{r['mismatches']} mismatches; {r['first_mismatch']}; {r['detail'] or ''}"
+                    if bundles and cid in bundles:
+                        text += f"\nrepro: python -m parity replay {bundles[cid]}"
+                    fail.text = text
+                elif r["verdict"] != "exact":
+                    notes.append(f"{r['verdict']}: {r['mismatches']} elements; {r['first_mismatch']}; {r['detail'] or ''}")
+            if notes:
+                ET.SubElement(tc, "system-out").text = "\n".join(notes)
+            n_fail += failed
+        suite.set("tests", str(len(suite.findall("testcase"))))
         suite.set("failures", str(n_fail))
+        suite.set("errors", "0")
+        total += len(suite.findall("testcase"))
+        total_fail += n_fail
+    root.set("tests", str(total))
+    root.set("failures", str(total_fail))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
     return str(path)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import pandas as pd
 import torch
@@ -29,6 +29,38 @@ the reference caches are overwritten with the kernel's (pins a divergence to its
 TIMING_COLUMNS = ("case", "size", "step", "step_name", "side", "wall_s")
 
 
+KEEP_OUTPUT_STEPS = 4
+"""Failing steps whose outputs (both sides' index rows, caches, output buffers) a
+:class:`CaseResult` keeps for repro bundles."""
+
+
+@dataclass
+class StepOutputs:
+    """Host copies of both sides' outputs after one step (for repro bundles, :mod:`parity.bundle`).
+
+    Attributes:
+        step: step index.
+        kernel_indices / reference_indices: int32 ``[T, 1, W]`` or ``None``.
+        kernel_compressed / reference_compressed: int16 bits of the compressed backing (flat).
+        kernel_ring / reference_ring: int32 bits of the ring backing (flat).
+        kernel_buffer / reference_buffer: int32 output-buffer backing, or ``None``.
+    """
+
+    step: int
+    kernel_indices: Optional[torch.Tensor]
+    reference_indices: Optional[torch.Tensor]
+    kernel_compressed: torch.Tensor
+    reference_compressed: torch.Tensor
+    kernel_ring: torch.Tensor
+    reference_ring: torch.Tensor
+    kernel_buffer: Optional[torch.Tensor] = None
+    reference_buffer: Optional[torch.Tensor] = None
+
+    def tensors(self) -> dict:
+        """Every tensor field by name (``None`` fields omitted)."""
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+
+
 @dataclass
 class CaseResult:
     """Outcome of :func:`run_case`.
@@ -41,6 +73,8 @@ class CaseResult:
             (``kernel``, ``reference``, ``oracle``).
         steps_run: steps executed (a crash stops the case).
         wall_s: wall seconds of the whole case.
+        mode: ``lockstep`` or ``resync``; repeat: kernel runs per step (determinism check).
+        outputs: ``{step: StepOutputs}`` of the first :data:`KEEP_OUTPUT_STEPS` failing steps.
     """
 
     case: str
@@ -50,6 +84,9 @@ class CaseResult:
     timings: pd.DataFrame
     steps_run: int
     wall_s: float
+    mode: str = "lockstep"
+    repeat: int = 1
+    outputs: Dict[int, StepOutputs] = field(default_factory=dict)
 
     @property
     def failures(self) -> pd.DataFrame:
@@ -60,6 +97,19 @@ class CaseResult:
     def ok(self) -> bool:
         """No failure finding."""
         return self.failures.empty
+
+    @property
+    def failing_steps(self) -> List[int]:
+        """Sorted step indices with at least one failure."""
+        return sorted({int(s) for s in self.failures["step"].dropna()})
+
+    @property
+    def first_divergent_step(self) -> Optional[int]:
+        """The first step with a failure (``None`` if none). In ``resync`` mode this is the step
+        that *produces* the first divergence: every step starts from the kernel's caches, so a
+        difference can not be inherited from an earlier step."""
+        steps = self.failing_steps
+        return steps[0] if steps else None
 
 
 def _torch_device(device) -> torch.device:
@@ -102,9 +152,15 @@ class _Side:
     timings: List[float] = field(default_factory=list)
 
 
+def backend_of(dev: torch.device) -> str:
+    """``"cuda"``, ``"npu"`` or ``"cpu"`` (interpreter) for a kernel torch device."""
+    return dev.type if dev.type in ("cuda", "npu") else "cpu"
+
+
 def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
              reference_forward: Optional[Callable] = None, check_oracle: bool = True,
-             mode: str = "lockstep", stop_on_failure: bool = False) -> CaseResult:
+             mode: str = "lockstep", repeat: int = 1, certificates: Optional[bool] = None,
+             on_step: Optional[Callable] = None, keep_outputs: int = KEEP_OUTPUT_STEPS) -> CaseResult:
     """Run every step of ``case`` on the kernel and the reference and compare them.
 
     Args:
@@ -117,8 +173,13 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         check_oracle: also check the stateful reference against ``reference.oracle.HistoryOracle``
             (indices and pool writes bitwise; findings with output ``reference-vs-oracle``).
         mode: ``"lockstep"`` or ``"resync"`` (:data:`MODES`).
-        stop_on_failure: stop after the first step with a failure finding (generated runs:
-            shrinking only needs the first failing step).
+        repeat: kernel forwards per step (>= 1). With ``repeat > 1`` every extra run starts from
+            a byte copy of the pre-step kernel caches and must reproduce the first run bitwise
+            (output ``determinism``; ``nondeterministic`` otherwise, parity-contract.md §6).
+        certificates: allow the certified exceptions of parity-contract.md §3; ``None`` (default)
+            means "unless ``case.values == "exact"``" (exact data gets no exception at all).
+        on_step: optional ``fn(case, step_index, step)`` called after every step (progress bars).
+        keep_outputs: keep both sides' outputs of this many failing steps (repro bundles).
 
     Returns:
         :class:`CaseResult`. Exceptions of either forward become findings (``crash``, or the
@@ -126,10 +187,12 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         after that step's checks.
 
     Raises:
-        ValueError: unknown ``mode``.
+        ValueError: unknown ``mode`` or ``repeat < 1``.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
     from kpool.cache import allocate_caches
 
     t_case = time.perf_counter()
@@ -154,28 +217,80 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
     if check_oracle:
         from reference.oracle import HistoryOracle
         oracle = HistoryOracle(index_kpool=cfg.index_kpool)
+    if certificates is None:
+        certificates = case.values != "exact"
+    run = _RunState(kernel_forward=kernel_forward, reference_forward=reference_forward, mode=mode,
+                    repeat=repeat, certificates=bool(certificates), oracle=oracle)
 
-    frames, timings, steps_run = [], [], 0
+    frames, timings, steps_run, outputs = [], [], 0, {}
     for i, step in enumerate(case.steps):
         ctx = dict(case=case.name, size=case.size, step=i, step_name=step.name)
-        rows, times, stop = _run_step(case, step, ape, kernel, ref, oracle, kernel_forward,
-                                      reference_forward, mode)
-        frames.append(cmp.findings_frame(rows, **ctx))
-        timings += [{**ctx, "side": side, "wall_s": s} for side, s in times.items()]
+        res = _run_step(case, step, ape, kernel, ref, run)
+        frames.append(cmp.findings_frame(res.rows, **ctx))
+        timings += [{**ctx, "side": side, "wall_s": s} for side, s in res.times.items()]
         steps_run += 1
-        if stop or (stop_on_failure and frames[-1]["verdict"].map(cmp.is_failure).any()):
+        if len(outputs) < keep_outputs and any(cmp.is_failure(r["verdict"]) for r in res.rows):
+            outputs[i] = res.outputs(i, kernel, ref)
+        if on_step is not None:
+            on_step(case, i, step)
+        if res.stop:
             break
     findings = pd.concat(frames, ignore_index=True) if frames else cmp.findings_frame([])
     return CaseResult(case=case.name, size=case.size, case_id=case.case_id, findings=findings,
                       timings=pd.DataFrame(timings, columns=list(TIMING_COLUMNS)),
-                      steps_run=steps_run, wall_s=time.perf_counter() - t_case)
+                      steps_run=steps_run, wall_s=time.perf_counter() - t_case, mode=mode,
+                      repeat=repeat, outputs=outputs)
 
 
-def _run_step(case, step, ape, kernel: _Side, ref: _Side, oracle, kernel_forward, reference_forward,
-              mode: str):
-    """One step: returns ``(finding dicts, {side: wall_s}, stop)``."""
+@dataclass
+class _RunState:
+    """Per-case settings and state carried across steps."""
+
+    kernel_forward: Callable
+    reference_forward: Callable
+    mode: str
+    repeat: int
+    certificates: bool
+    oracle: object
+    carried: dict = field(default_factory=dict)   # RoundingContext.carried, across steps
+
+
+@dataclass
+class _StepResult:
+    rows: List[dict]
+    times: dict
+    stop: bool
+    kout: object = None
+    rout: object = None
+    kbuf: object = None
+    rbuf: object = None
+
+    def outputs(self, step: int, kernel: _Side, ref: _Side) -> StepOutputs:
+        def host(x):
+            return x.detach().cpu().clone() if isinstance(x, torch.Tensor) else None
+        kc, kr = sen.backing_bits(kernel.caches)
+        rc, rr = sen.backing_bits(ref.caches)
+        return StepOutputs(step=step, kernel_indices=host(self.kout), reference_indices=host(self.rout),
+                           kernel_compressed=kc, reference_compressed=rc, kernel_ring=kr, reference_ring=rr,
+                           kernel_buffer=host(self.kbuf.backing) if self.kbuf is not None else None,
+                           reference_buffer=host(self.rbuf.backing) if self.rbuf is not None else None)
+
+
+def _forward_kwargs(case, step, meta, inputs, ape, caches, buf, dev) -> dict:
+    cfg = case.config
+    return dict({n: _to(v, dev) for n, v in inputs.items()},
+                ape=_to(ape, dev), compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
+                **{n: _to(v, dev) for n, v in meta.forward_kwargs().items()},
+                index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, score_mode=cfg.score_mode,
+                pack_tail=cfg.pack_tail, compute_topk=step.compute_topk,
+                output_buffer=buf.view if buf is not None else None)
+
+
+def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _StepResult:
+    """One step: forwards of both sides (the kernel ``run.repeat`` times), every comparison."""
     from kpool.metadata import build_metadata
     from cases.values import make_inputs
+    from . import certificates as certs
 
     cfg, geo = case.config, case.geometry
     P, C, B = cfg.index_kpool, cfg.ring_capacity, geo.page_size
@@ -185,28 +300,26 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, oracle, kernel_forward
             meta = step.patch_metadata(meta)
         inputs = make_inputs(case, step, meta)
     except Exception as exc:
-        return [cmp.crash_finding("setup", exc, output="setup")], {}, True
+        return _StepResult([cmp.crash_finding("setup", exc, output="setup")], {}, True)
 
-    if mode == "resync":
+    if run.mode == "resync":
         ref.caches.copy_(kernel.caches)
+    ring_before = ref.caches.tail_cache.detach().clone()      # the window inputs of §3.1
     ws = sen.EMPTY_WRITE_SET if step.expect_error else sen.compute_write_set(
         meta, index_kpool=P, ring_capacity=C, page_size=B, num_pages=geo.num_pages,
         num_tail_blocks=geo.num_tail_blocks, compute_topk=step.compute_topk)
-    results, times = {}, {}
-    for side, fn in ((kernel, kernel_forward), (ref, reference_forward)):
+    results, times, det_rows = {}, {}, []
+    for side, fn in ((kernel, run.kernel_forward), (ref, run.reference_forward)):
         sen.relay_compressed_rows(side.caches, ws)
         before = sen.backing_bits(side.caches)
+        pristine = side.caches.clone() if side is kernel and run.repeat > 1 else None
         buf = sen.allocate_output_buffer(step.output_buffer, device=side.dev) if step.output_buffer else None
         buf_before = buf.backing.detach().cpu().clone() if buf is not None else None
-        kwargs = dict({n: _to(v, side.dev) for n, v in inputs.items()},
-                      ape=_to(ape, side.dev), compressed_cache=side.caches.compressed_cache,
-                      tail_cache=side.caches.tail_cache,
-                      **{n: _to(v, side.dev) for n, v in meta.forward_kwargs().items()},
-                      index_topk=cfg.index_topk, index_kpool=P, score_mode=cfg.score_mode,
-                      pack_tail=cfg.pack_tail, compute_topk=step.compute_topk,
-                      output_buffer=buf.view if buf is not None else None)
-        out, exc, wall = _call(fn, kwargs, side.dev)
+        out, exc, wall = _call(fn, _forward_kwargs(case, step, meta, inputs, ape, side.caches, buf, side.dev),
+                               side.dev)
         times[side.name] = wall
+        if pristine is not None:
+            det_rows = _determinism(case, step, meta, inputs, ape, fn, side, pristine, (out, exc, buf), run.repeat)
         checks = sen.check_caches(side.caches, before, ws)
         if buf is not None:
             checks.append(buf.check(buf_before, ws.output_rows))
@@ -214,6 +327,19 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, oracle, kernel_forward
 
     kout, kexc, kbuf, kchecks = results["kernel"]
     rout, rexc, rbuf, rchecks = results["reference"]
+    backend = backend_of(kernel.dev)
+    rctx = tctx = None
+    if run.certificates:
+        rctx = certs.RoundingContext(
+            windows=lambda: certs.step_windows(meta, inputs, ring_before, index_kpool=P,
+                                               num_pages=geo.num_pages, page_size=B),
+            ape=ape, budget_ulps=certs.ROUNDING_BUDGET_ULPS[backend], carried=run.carried)
+        if step.compute_topk and inputs.get("q") is not None:
+            tctx = certs.TieContext(
+                q=inputs["q"], weights=inputs["weights"], kernel_cache=kernel.caches.compressed_cache,
+                reference_cache=ref.caches.compressed_cache, positions=meta.positions,
+                cum_query_lens=meta.cum_query_lens, seq_lens=meta.seq_lens, block_table=meta.block_table,
+                index_topk=cfg.index_topk, index_kpool=P, score_mode=cfg.score_mode, pack_tail=cfg.pack_tail)
     rows, stop = [], False
     if step.expect_error is not None:
         rows += cmp.compare_errors(kexc, rexc, step.expect_error)
@@ -228,18 +354,186 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, oracle, kernel_forward
                 index_topk=cfg.index_topk, index_kpool=P, pack_tail=cfg.pack_tail,
                 compute_topk=step.compute_topk,
                 kernel_buffer=kbuf.view if kbuf is not None else None,
-                reference_buffer=rbuf.view if rbuf is not None else None)
+                reference_buffer=rbuf.view if rbuf is not None else None, context=tctx)
     if not stop:
-        rows += cmp.compare_compressed(kernel.caches.compressed_cache, ref.caches.compressed_cache)
+        rows += cmp.compare_compressed(kernel.caches.compressed_cache, ref.caches.compressed_cache,
+                                       context=rctx)
         rows += cmp.compare_ring(kernel.caches.tail_cache, ref.caches.tail_cache)
     rows += cmp.sentinel_findings(kchecks, "kernel")
     rows += cmp.sentinel_findings(rchecks, "reference")
+    rows += det_rows
+    _localize(rows, case, meta, kbuf, run.kernel_forward, kernel.dev)
 
-    if oracle is not None and step.expect_error is None and rexc is None:
+    if run.oracle is not None and step.expect_error is None and rexc is None:
         t0 = time.perf_counter()
-        rows += _oracle_findings(oracle, case, step, meta, inputs, ape, rout, ref.caches)
+        rows += _oracle_findings(run.oracle, case, step, meta, inputs, ape, rout, ref.caches)
         times["oracle"] = time.perf_counter() - t0
-    return rows, times, stop
+    return _StepResult(rows, times, stop, kout, rout, kbuf, rbuf)
+
+
+DETERMINISM_OUTPUT = "determinism"
+
+
+def _determinism(case, step, meta, inputs, ape, fn, side: _Side, pristine, first, repeat: int) -> List[dict]:
+    """Re-run the kernel ``repeat - 1`` times from byte copies of its pre-step caches (and a fresh
+    output buffer) and compare every run bitwise with the first (parity-contract.md §1 "kernel vs
+    kernel (repeat runs)": bitwise). Returns ``determinism`` findings: one ``exact`` row, or one
+    ``nondeterministic`` row per output that changed, located at its first differing element."""
+    out1, exc1, buf1 = first
+    c1, r1 = sen.backing_bits(side.caches)
+    found = []
+    for n in range(2, repeat + 1):
+        caches = pristine.clone()
+        buf = sen.allocate_output_buffer(step.output_buffer, device=side.dev) if step.output_buffer else None
+        out, exc, _ = _call(fn, _forward_kwargs(case, step, meta, inputs, ape, caches, buf, side.dev), side.dev)
+        tag = f"run {n} vs run 1"
+        if (exc is None) != (exc1 is None) or (exc is not None and type(exc) is not type(exc1)):
+            found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", 1,
+                                     detail=f"{tag}: {type(exc1).__name__ if exc1 else 'no exception'} vs "
+                                            f"{type(exc).__name__ if exc else 'no exception'}"))
+            continue
+        c, r = sen.backing_bits(caches)
+        for name, a, b, locate in (("compressed_cache", c1, c, sen.locate_compressed),
+                                   ("tail_ring", r1, r, sen.locate_ring)):
+            diff = (a != b).nonzero().flatten()
+            if diff.numel():
+                where = locate(side.caches, int(diff[0]))
+                found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", int(diff.numel()),
+                                         detail=f"{tag}: {name} differs", **where))
+        if buf1 is not None and buf is not None:
+            a, b = buf1.backing.detach().cpu(), buf.backing.detach().cpu()
+            diff = (a != b).nonzero()
+            if diff.shape[0]:
+                where = buf1.locate(*diff[0].tolist())
+                found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", int(diff.shape[0]),
+                                         detail=f"{tag}: output_buffer differs", **where))
+        elif isinstance(out1, torch.Tensor) and isinstance(out, torch.Tensor):
+            a = out1.detach().cpu().reshape(out1.shape[0], -1)
+            b = out.detach().cpu().reshape(out.shape[0], -1)
+            if a.shape != b.shape:
+                found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", 1,
+                                         detail=f"{tag}: indices shape {list(a.shape)} vs {list(b.shape)}"))
+            else:
+                diff = (a != b).nonzero()
+                if diff.shape[0]:
+                    t, col = diff[0].tolist()
+                    found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", int(diff.shape[0]),
+                                             detail=f"{tag}: indices differ", row=t, column=col))
+        elif (out1 is None) != (out is None):
+            found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", 1,
+                                     detail=f"{tag}: indices returned on one run only"))
+    return found or [cmp.finding(DETERMINISM_OUTPUT, "exact", detail=f"{repeat} runs bitwise identical")]
+
+
+# --------------------------------------------------------------------------- localisation
+
+def _kernel_package(fn) -> Optional[str]:
+    """``"kpool"`` (or a mutant copy's package) when ``fn`` is ``<package>.indexer.forward`` of a
+    package whose kernel modules are loaded; else ``None`` (a stand-in forward has no programs)."""
+    import sys
+    mod = getattr(fn, "__module__", "") or ""
+    if not mod.endswith(".indexer"):
+        return None
+    pkg = mod[: -len(".indexer")]
+    return pkg if f"{pkg}.ops.compress" in sys.modules and f"{pkg}.ops.indexer" in sys.modules else None
+
+
+def _localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.device) -> None:
+    """Add the writer of each kernel-side finding's first element, in place (parity-contract.md
+    §6): for compressed-cache and ring elements the token row that writes them this step (its
+    position, request, pool id) and, when the production kernels ran, the program of the
+    cache-update launch; for index elements the program of the expansion launch (and, in the
+    detail, the score launch chunk and program of the pool)."""
+    from . import programs
+    cfg, B = case.config, case.geometry.page_size
+    P, C, D = cfg.index_kpool, cfg.ring_capacity, cfg.index_head_dim
+    pos = meta.positions.detach().cpu().tolist()
+    slots = meta.slot_mapping.detach().cpu().tolist()
+    tslots = meta.tail_slot_mapping.detach().cpu().tolist()
+    cum = [int(c) for c in meta.cum_query_lens.detach().cpu().tolist()]
+    T = len(pos)
+    t_live = min(cum[-1], T) if cum else 0
+    pkg = _kernel_package(kernel_forward)
+    backend = backend_of(dev)
+    cap = None
+
+    def program(fn, *args, **kw):
+        if pkg is None:
+            return None
+        try:
+            return fn(*args, package=pkg, **kw)
+        except Exception:  # a launcher that changed shape: localisation is best effort
+            return None
+
+    def writer(match) -> Optional[int]:
+        hits = [t for t in range(t_live) if match(t)]
+        return hits[-1] if hits else None
+
+    def note(r, text):
+        r["detail"] = f"{r['detail']}; {text}" if r.get("detail") else text
+
+    def stale_writer(r, match, what):
+        # No live row writes here: name a padding row whose (stale) slot points here, or say
+        # the difference is older than this step.
+        pads = [t for t in range(t_live, T) if match(t)]
+        if pads:
+            r.setdefault("row", pads[0])
+            note(r, f"no live row writes this {what}; padding row {pads[0]} carries its slot")
+        elif r["verdict"] in ("cache-mismatch", "ring-mismatch", "nan-introduced", "rounding-boundary"):
+            note(r, f"{what} not written this step: difference inherited from an earlier step")
+
+    import bisect
+    for r in rows:
+        out, kernel_side = r["output"], ("[reference]" not in r["output"] and r["output"] != ORACLE_OUTPUT)
+        if not kernel_side or r["verdict"] == "exact":
+            continue
+        if r.get("page") is not None and r.get("page_row") is not None and r.get("region", "view") == "view" \
+                and ("compressed" in out or out == DETERMINISM_OUTPUT):
+            slot = r["page"] * B + r["page_row"]
+            t = writer(lambda t: slots[t] == slot and pos[t] >= 0 and (pos[t] + 1) % P == 0)
+            if t is None:
+                stale_writer(r, lambda t: slots[t] == slot, "compressed row")
+            else:
+                r.setdefault("row", t)
+                r.setdefault("position", pos[t])
+                r.setdefault("request", bisect.bisect_right(cum, t))
+                r.setdefault("pool_id", pos[t] // P)
+                if pkg is not None:
+                    if cap is None:
+                        cap = program(programs.grid_cap, backend, dev)
+                    pid = program(programs.cache_update_program, t, num_live=t_live, head_dim=D,
+                                  backend=backend, cap=cap) if cap else None
+                    if pid is not None:
+                        r["kernel"], r["program_id"] = "compress", pid
+        elif r.get("block") is not None and r.get("slot") is not None and r.get("region", "view") == "view" \
+                and ("ring" in out or out == DETERMINISM_OUTPUT):
+            tslot = r["block"] * C + r["slot"]
+            t = writer(lambda t: tslots[t] == tslot and pos[t] >= 0)
+            if t is None:
+                stale_writer(r, lambda t: tslots[t] == tslot, "ring row")
+            else:
+                r.setdefault("row", t)
+                r.setdefault("position", pos[t])
+                r.setdefault("request", bisect.bisect_right(cum, t))
+                if pkg is not None:
+                    if cap is None:
+                        cap = program(programs.grid_cap, backend, dev)
+                    pid = program(programs.cache_update_program, t, num_live=t_live, head_dim=D,
+                                  backend=backend, cap=cap) if cap else None
+                    if pid is not None:
+                        r["kernel"], r["program_id"] = "ring_write", pid
+        elif r.get("row") is not None and r.get("column") is not None and pkg is not None \
+                and (out == "indices" or out.startswith("sentinel:output_buffer") or out == DETERMINISM_OUTPUT):
+            width = int(kbuf.view.shape[1]) if kbuf is not None else cfg.output_width
+            pid = program(programs.expand_program, r["row"], r["column"], num_rows=T, width=width, backend=backend)
+            if pid is not None:
+                r["kernel"], r["program_id"] = "expand", pid
+            if r.get("pool_id") is not None and r["row"] < t_live and meta.max_pool_seq_len > 0:
+                sp = program(programs.score_program, r["row"], r["pool_id"], num_live=t_live,
+                             max_pool_seq_len=meta.max_pool_seq_len, num_heads=cfg.index_n_heads,
+                             score_mode=cfg.score_mode, backend=backend)
+                if sp is not None:
+                    note(r, f"pool scored by _score_kernel launch {sp[0]} program {sp[1]}")
 
 
 ORACLE_OUTPUT = "reference-vs-oracle"

@@ -1,0 +1,350 @@
+"""Repro bundles: one directory that reproduces a parity run anywhere (parity-contract.md §6).
+
+A bundle holds everything needed to rerun a case bit for bit in a fresh process on any device,
+without the code that generated it:
+
+* ``case.json``: the case (config, cache geometry, every step's batch, flags and seeds), the run
+  options (:class:`parity.session.RunOptions`: mode, repeat, oracle, kernel spec) and the replay
+  command;
+* ``inputs.pt``: the APE and, per step, the exact metadata tensors both sides saw (after any
+  ``patch_metadata``) and the input tensors ``k, gate, q, weights``;
+* ``outputs.pt``: both sides' outputs (index rows, cache and output-buffer bytes) after the failing
+  steps the run kept (:data:`parity.runner.KEEP_OUTPUT_STEPS`);
+* ``findings.csv`` / ``findings.json``: the finding table;
+* ``environment.json``: device name, SoC or GPU, torch / torch_npu / triton / triton-ascend
+  versions, git revision;
+* ``README.md``: what failed and the one-line command ``python -m parity replay BUNDLE``.
+
+:func:`replay` loads a bundle, reruns the case with the recorded options (the saved inputs and
+metadata replace the generators) and compares the new finding table with the recorded one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Optional
+
+import pandas as pd
+import torch
+
+from . import compare as cmp
+
+BUNDLE_FORMAT = 1
+COMPARE_COLUMNS = ("case", "size", "step", "output", "verdict", "mismatches",
+                   *[c for c in cmp.LOCATION_COLUMNS if c not in ("kernel", "program_id")])
+"""Columns that must agree for a replay to reproduce a bundle. Program ids depend on the
+device's grid (SM / vector-core count) and are compared only on the recording backend."""
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --------------------------------------------------------------------------- environment
+
+def _dist_version(name: str) -> Optional[str]:
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_revision(root: str = ROOT) -> dict:
+    """``{"revision": sha or None, "dirty": bool or None}`` of the checkout at ``root``."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=10).stdout.strip()) if sha else None
+    except (OSError, subprocess.SubprocessError):
+        sha, dirty = None, None
+    return {"revision": sha, "dirty": dirty}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: str) -> dict:
+    """What ran: device and hardware, library versions, git revision (JSON-able).
+
+    Args:
+        device: resolved backend (``"cpu"``, ``"cuda"``, ``"npu"``).
+    Returns:
+        dict with ``device``, ``device_name``, ``family`` (Ascend A2/A3/A5, GPU name, or
+        ``interpreter``), ``soc_version`` (NPU), ``gpu_capability`` (CUDA), ``cpu``, ``python``,
+        ``platform``, ``torch``, ``torch_npu``, ``triton``, ``triton_ascend``, ``cuda``, ``git``,
+        ``TRITON_INTERPRET``. Probing failures leave a field ``None``.
+    """
+    env = {"device": device, "device_name": None, "family": None, "soc_version": None,
+           "gpu_capability": None, "cpu": _cpu_name(), "python": platform.python_version(),
+           "platform": platform.platform(), "torch": torch.__version__,
+           "torch_npu": _dist_version("torch-npu") or _dist_version("torch_npu"),
+           "triton": _dist_version("triton"), "triton_ascend": _dist_version("triton-ascend"),
+           "cuda": torch.version.cuda, "git": git_revision(),
+           "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET")}
+    try:
+        from kpool.hardware import hardware_profile
+        prof = hardware_profile(device)
+        env.update(device_name=prof.device_name, family=prof.family, soc_version=prof.soc_version)
+    except Exception as exc:  # an unsupported SoC still deserves a bundle
+        env["device_name"] = f"unknown ({type(exc).__name__}: {exc})"
+    if device == "cuda":
+        try:
+            env["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        except Exception:
+            pass
+    return env
+
+
+# --------------------------------------------------------------------------- case <-> json
+
+def _batch_dict(batch) -> dict:
+    return {"requests": [{"cached_len": r.cached_len, "query_len": r.query_len,
+                          "block_table": [int(b) for b in r.block_table], "ring_block": r.ring_block}
+                         for r in batch.requests],
+            "num_tokens": batch.num_tokens, "full_mode": batch.full_mode,
+            "num_padded_requests": batch.num_padded_requests, "block_table_width": batch.block_table_width,
+            "stale_tail_slots": batch.stale_tail_slots}
+
+
+def case_to_dict(case) -> dict:
+    """JSON-able description of a :class:`cases.spec.Case` (tensors and callables excluded: the
+    bundle stores their *results*, ``inputs.pt``)."""
+    return {
+        "name": case.name, "size": case.size, "case_id": case.case_id, "seed": case.seed,
+        "values": case.values, "description": case.description, "tags": list(case.tags),
+        "config": dataclasses.asdict(case.config), "geometry": dataclasses.asdict(case.geometry),
+        "steps": [{"name": s.name, "batch": _batch_dict(s.batch), "request_ids": list(s.request_ids),
+                   "compute_topk": s.compute_topk, "seed": s.seed,
+                   "output_buffer": dataclasses.asdict(s.output_buffer) if s.output_buffer else None,
+                   "expect_error": s.expect_error.__name__ if s.expect_error else None,
+                   "explicit_inputs": s.inputs is not None, "patched_metadata": s.patch_metadata is not None}
+                  for s in case.steps],
+    }
+
+
+def _error_class(name: Optional[str]):
+    if name is None:
+        return None
+    import builtins
+
+    from kpool import errors
+    cls = getattr(errors, name, None) or getattr(builtins, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        raise ValueError(f"unknown exception class {name!r} in bundle")
+    return cls
+
+
+class _SavedInputs:
+    """``Step.inputs``: the recorded input tensors (copies, so a forward can not alter them)."""
+
+    def __init__(self, tensors: dict):
+        self.tensors = tensors
+
+    def __call__(self, case, step, metadata) -> dict:
+        return {k: v.clone() for k, v in self.tensors.items()}
+
+
+class _SavedMetadata:
+    """``Step.patch_metadata``: the recorded metadata, whatever the builder produced."""
+
+    def __init__(self, saved: dict):
+        self.saved = saved
+
+    def __call__(self, meta):
+        from kpool.metadata import KPoolMetadata
+        tensors = {k: v.clone() for k, v in self.saved.items() if isinstance(v, torch.Tensor)}
+        return KPoolMetadata(max_pool_seq_len=int(self.saved["max_pool_seq_len"]),
+                             num_live_tokens=int(self.saved["num_live_tokens"]), **tensors)
+
+
+def case_from_bundle(data: dict, tensors: dict):
+    """Rebuild a :class:`cases.spec.Case` from ``case.json`` and ``inputs.pt``: every step's
+    inputs and metadata are the recorded tensors."""
+    from cases.spec import CacheGeometry, Case, OutputBufferSpec, Step
+    from kpool.config import KPoolConfig
+    from kpool.metadata import BatchSpec, RequestSpec
+    steps = []
+    for s, saved in zip(data["steps"], tensors["steps"]):
+        b = s["batch"]
+        batch = BatchSpec([RequestSpec(**r) for r in b["requests"]],
+                          **{k: v for k, v in b.items() if k != "requests"})
+        steps.append(Step(name=s["name"], batch=batch, request_ids=list(s["request_ids"]),
+                          compute_topk=s["compute_topk"], seed=s["seed"],
+                          output_buffer=OutputBufferSpec(**s["output_buffer"]) if s["output_buffer"] else None,
+                          inputs=_SavedInputs(saved["inputs"]) if saved.get("inputs") is not None else None,
+                          patch_metadata=_SavedMetadata(saved["meta"]) if saved.get("meta") is not None else None,
+                          expect_error=_error_class(s["expect_error"])))
+    return Case(name=data["name"], size=data["size"], config=KPoolConfig(**data["config"]),
+                geometry=CacheGeometry(**data["geometry"]), steps=steps, ape=tensors["ape"],
+                seed=data["seed"], values=data["values"], description=data["description"],
+                tags=tuple(data["tags"]))
+
+
+def _step_tensors(case, step) -> dict:
+    """Metadata and inputs of one step, exactly as the runner builds them (on the CPU)."""
+    from cases.values import make_inputs
+    from kpool.metadata import build_metadata
+    try:
+        meta = build_metadata(step.batch, index_kpool=case.config.index_kpool,
+                              ring_capacity=case.config.ring_capacity, page_size=case.geometry.page_size)
+        if step.patch_metadata is not None:
+            meta = step.patch_metadata(meta)
+        inputs = make_inputs(case, step, meta)
+    except Exception:   # a setup failure is itself the finding; replay rebuilds and fails alike
+        return {"meta": None, "inputs": None}
+    saved = {k: v.detach().cpu().clone() for k, v in meta.tensors().items()}
+    saved.update(max_pool_seq_len=int(meta.max_pool_seq_len), num_live_tokens=int(meta.num_live_tokens))
+    return {"meta": saved, "inputs": {k: v.detach().cpu().clone() for k, v in inputs.items() if v is not None}}
+
+
+# --------------------------------------------------------------------------- write / load
+
+def bundle_name(case) -> str:
+    """Directory name of a case's bundle: ``<name>-<size>`` with path-safe characters."""
+    import re
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{case.name}-{case.size}")
+
+
+def replay_command(directory: str) -> str:
+    """The one-line command that replays a bundle."""
+    return f"python -m parity replay {shlex.quote(os.path.relpath(directory) if not os.path.isabs(directory) else directory)}"
+
+
+def write_bundle(result, case, directory: str, *, options, env: Optional[dict] = None) -> str:
+    """Write the repro bundle of one case run (module docstring).
+
+    Args:
+        result: the :class:`parity.runner.CaseResult`.
+        case: the :class:`cases.spec.Case` that produced it.
+        directory: bundle directory (replaced if it exists).
+        options: :class:`parity.session.RunOptions` of the run.
+        env: :func:`environment` (computed if omitted).
+
+    Returns:
+        ``directory``.
+    """
+    from . import report
+    from cases.values import case_ape
+    if os.path.isdir(directory):
+        shutil.rmtree(directory)
+    os.makedirs(directory)
+    env = env or environment(options.device)
+    table = report.results_table(result.findings)
+    data = {"format": BUNDLE_FORMAT, "case": case_to_dict(case), "run": options.to_dict(),
+            "command": replay_command(directory), "steps_run": result.steps_run,
+            "first_divergent_step": result.first_divergent_step, "ok": result.ok}
+    with open(os.path.join(directory, "case.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    with open(os.path.join(directory, "environment.json"), "w") as f:
+        json.dump(env, f, indent=1)
+    torch.save({"ape": case_ape(case).detach().cpu().to(torch.float32).clone(),
+                "steps": [_step_tensors(case, s) for s in case.steps]}, os.path.join(directory, "inputs.pt"))
+    torch.save({i: o.tensors() for i, o in result.outputs.items()}, os.path.join(directory, "outputs.pt"))
+    table.to_csv(os.path.join(directory, "findings.csv"), index=False)
+    with open(os.path.join(directory, "findings.json"), "w") as f:
+        f.write(table.to_json(orient="records", indent=1))
+    fails = table[table["verdict"].map(cmp.is_failure)]
+    lines = [f"# Repro bundle: {case.case_id}", "", case.description or "", "",
+             "Replay (any device, fresh process):", "", "```", data["command"], "```", "",
+             f"Run: mode={options.mode} repeat={options.repeat} oracle={options.check_oracle} "
+             f"kernel={options.kernel} device={options.device} ({env.get('device_name')})",
+             f"Git: {env['git']['revision']}{' (dirty)' if env['git']['dirty'] else ''}", "",
+             f"First divergent step: {result.first_divergent_step}", "", "## Failures", ""]
+    lines.append(report.markdown_table(fails, list(report.REPORT_COLUMNS) + ["detail"]) if len(fails)
+                 else "No failures (recorded on request).")
+    with open(os.path.join(directory, "README.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return directory
+
+
+@dataclass
+class Bundle:
+    """A loaded bundle.
+
+    Attributes:
+        path: its directory; case: the rebuilt :class:`cases.spec.Case`; options: the recorded
+        :class:`parity.session.RunOptions`; findings: the recorded finding table; environment:
+        ``environment.json``; outputs: ``outputs.pt`` (``{step: {name: tensor}}``); data: ``case.json``.
+    """
+
+    path: str
+    case: object
+    options: object
+    findings: pd.DataFrame
+    environment: dict
+    outputs: dict
+    data: dict
+
+
+def load_bundle(directory: str) -> Bundle:
+    """Load a bundle written by :func:`write_bundle`.
+
+    Raises:
+        FileNotFoundError: not a bundle directory. ValueError: unknown format version.
+    """
+    from .session import RunOptions
+    path = os.path.join(directory, "case.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{directory!r} is not a parity bundle (no case.json)")
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("format") != BUNDLE_FORMAT:
+        raise ValueError(f"bundle format {data.get('format')!r} is not {BUNDLE_FORMAT}")
+    tensors = torch.load(os.path.join(directory, "inputs.pt"), weights_only=True)
+    outputs = torch.load(os.path.join(directory, "outputs.pt"), weights_only=True)
+    with open(os.path.join(directory, "environment.json")) as f:
+        env = json.load(f)
+    with open(os.path.join(directory, "findings.json")) as f:
+        records = json.load(f)
+    findings = cmp.findings_frame([{k: v for k, v in r.items() if k in cmp.FINDING_COLUMNS} for r in records])
+    return Bundle(path=directory, case=case_from_bundle(data["case"], tensors), options=RunOptions.from_dict(data["run"]),
+                  findings=findings, environment=env, outputs=outputs, data=data)
+
+
+def finding_key(df: pd.DataFrame, *, with_programs: bool) -> pd.DataFrame:
+    """The columns of a finding table that a replay must reproduce, as strings (``""`` for null)."""
+    cols = list(COMPARE_COLUMNS) + (["kernel", "program_id"] if with_programs else [])
+    out = df[cols].copy().astype(object)
+    return out.where(out.notna(), "").astype(str).reset_index(drop=True)
+
+
+def diff_findings(recorded: pd.DataFrame, replayed: pd.DataFrame, *, with_programs: bool) -> pd.DataFrame:
+    """Rows present in one table only (column ``side``: ``recorded`` / ``replayed``); empty when the
+    replay reproduced the bundle."""
+    a = finding_key(recorded, with_programs=with_programs)
+    b = finding_key(replayed, with_programs=with_programs)
+    merged = a.merge(b, how="outer", indicator=True)
+    diff = merged[merged["_merge"] != "both"].copy()
+    diff["side"] = diff["_merge"].map({"left_only": "recorded", "right_only": "replayed"})
+    return diff.drop(columns="_merge").reset_index(drop=True)
+
+
+def replay(directory: str, *, device: Optional[str] = None, console=None):
+    """Rerun a bundle's case with its recorded options on ``device`` (default: the resolved one).
+
+    Returns:
+        ``(bundle, result, diff)``: the loaded :class:`Bundle`, the new
+        :class:`parity.runner.CaseResult`, and :func:`diff_findings` of the recorded vs the new
+        findings (program ids compared only on the recording backend).
+    """
+    from kpool.platform import resolve_device
+    from .session import run_cases
+    dev = resolve_device(device)
+    b = load_bundle(directory)
+    opts = dataclasses.replace(b.options, device=dev)
+    (result,) = run_cases([b.case], opts, console=console)
+    diff = diff_findings(b.findings, result.findings, with_programs=dev == b.options.device)
+    return b, result, diff

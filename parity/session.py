@@ -1,0 +1,135 @@
+"""Running a list of cases the way the CLI does: options, the kernel under test, the progress
+bar, metamorphic checks, repro bundles on failure (parity-contract.md §1, §6).
+
+Kept apart from :mod:`parity.cli` so the CLI stays argument parsing only and the same loop serves
+``run``, ``record`` and ``replay``. Nothing here imports Triton at module import; callers resolve
+the device (``kpool.platform.resolve_device``) before :func:`run_cases`.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+DEFAULT_KERNEL = "kpool"
+"""Kernel spec of the production kernels (``kpool.indexer.forward``)."""
+
+
+@dataclass
+class RunOptions:
+    """How cases are run (what a repro bundle records, :mod:`parity.bundle`).
+
+    Attributes:
+        device: resolved backend ``"cpu"`` / ``"cuda"`` / ``"npu"``.
+        mode: ``"lockstep"`` or ``"resync"``.
+        repeat: kernel forwards per step (determinism check).
+        check_oracle: also check the reference against the whole-history oracle.
+        kernel: kernel spec, see :func:`resolve_kernel`.
+        metamorphic: relation names to check after each case (``[]``: none; see
+            :mod:`parity.metamorphic`).
+        seed_offset: the ``--seed`` offset the cases were built with (informational).
+    """
+
+    device: str = "cpu"
+    mode: str = "lockstep"
+    repeat: int = 1
+    check_oracle: bool = True
+    kernel: str = DEFAULT_KERNEL
+    metamorphic: List[str] = field(default_factory=list)
+    seed_offset: int = 0
+
+    def to_dict(self) -> dict:
+        """JSON-able dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunOptions":
+        """Inverse of :meth:`to_dict` (unknown keys ignored)."""
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def resolve_kernel(spec: str) -> Callable:
+    """The forward function of a kernel spec.
+
+    Args:
+        spec: ``"kpool"`` (the production kernels), ``"mutant:<name>"`` (a planted fault of
+            :data:`parity.mutants.MUTANTS`) or ``"package.module:function"``.
+    Returns:
+        A callable with the ``kpool.indexer.forward`` signature.
+    Raises:
+        ValueError: a malformed spec; KeyError: unknown mutant; ImportError / AttributeError:
+        the module or function does not exist.
+    """
+    if spec == DEFAULT_KERNEL:
+        from kpool.indexer import forward
+        return forward
+    if spec.startswith("mutant:"):
+        from .mutants import load_mutant
+        return load_mutant(spec.split(":", 1)[1]).forward
+    if ":" not in spec:
+        raise ValueError(f"kernel spec must be 'kpool', 'mutant:NAME' or 'module:function', got {spec!r}")
+    module, name = spec.split(":", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def _progress(console, total: int):
+    """A rich progress bar over ``total`` steps, or ``None`` when stdout is not a terminal."""
+    if not console.is_terminal or total <= 0:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("steps"), TimeElapsedColumn(), console=console, transient=True)
+
+
+def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forward: Optional[Callable] = None,
+              on_case: Optional[Callable] = None) -> List:
+    """Run ``cases`` with :func:`parity.runner.run_case` (plus the selected metamorphic relations).
+
+    A progress bar over cases x steps is shown when the console is a terminal. After each case
+    ``on_case(case, result)`` is called (the CLI prints a status line and writes bundles there).
+
+    Args:
+        cases: :class:`cases.spec.Case` objects.
+        options: :class:`RunOptions`.
+        console: a rich console (default :func:`parity.report.make_console`).
+        kernel_forward: overrides ``options.kernel``.
+
+    Returns:
+        The :class:`parity.runner.CaseResult` list, in case order; metamorphic findings are
+        appended to each case's ``findings``.
+    """
+    import pandas as pd
+
+    from .report import make_console
+    from .runner import run_case
+    console = console or make_console()
+    fn = kernel_forward or resolve_kernel(options.kernel)
+    total = sum(len(c.steps) for c in cases)
+    bar = _progress(console, total)
+    results = []
+    task = None
+    if bar is not None:
+        bar.start()
+        task = bar.add_task("", total=total)
+    try:
+        for case in cases:
+            if bar is not None:
+                bar.update(task, description=case.case_id)
+            res = run_case(case, device=options.device, kernel_forward=fn, check_oracle=options.check_oracle,
+                           mode=options.mode, repeat=options.repeat,
+                           on_step=(lambda c, i, s: bar.advance(task)) if bar is not None else None)
+            if bar is not None and res.steps_run < len(case.steps):
+                bar.advance(task, len(case.steps) - res.steps_run)
+            if options.metamorphic:
+                from .metamorphic import run_relations
+                extra = run_relations(case, options.metamorphic, device=options.device, kernel_forward=fn)
+                if len(extra):
+                    res.findings = pd.concat([res.findings, extra], ignore_index=True)
+            results.append(res)
+            if on_case is not None:
+                on_case(case, res)   # rich prints above a live bar on the same console
+    finally:
+        if bar is not None:
+            bar.stop()
+    return results
