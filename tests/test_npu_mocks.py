@@ -54,13 +54,21 @@ class FakeNpu(types.SimpleNamespace):
 @pytest.fixture
 def platform_state(monkeypatch):
     """Fresh device resolution: no env override, no interpreter flag, caches cleared and restored."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # monkeypatch restores the session values
+    # resolve_device writes os.environ directly, and monkeypatch.delenv records nothing for a
+    # variable that was absent (a CUDA session has no TRITON_INTERPRET): restore both by hand.
+    saved = {name: os.environ.get(name) for name in ("TRITON_INTERPRET", "KPOOL_DEVICE")}
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("KPOOL_DEVICE", raising=False)
     monkeypatch.setattr(hardware, "_PROFILE", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     resolve_device.cache_clear()
     yield monkeypatch
     resolve_device.cache_clear()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture
