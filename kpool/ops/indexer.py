@@ -16,7 +16,8 @@ the kernels shift the bits into the high half of an fp32, which is exact everywh
 the interpreter's own bf16 cast gets subnormals wrong), explicit sequential loops for every sum whose order matters,
 ``tl.where`` for ReLU and sanitization (``tl.maximum`` drops NaN on CUDA), int32 offsets with
 int64 only for scalar bases (and for cache page offsets when the cache spans >= 2**31
-elements), a grid of at most 65535 programs walking its tiles with a grid-stride loop.
+elements), a grid sized from the vector-core count (NPU) or SM count (CUDA), at most 65535
+programs, walking its tiles with a grid-stride loop (``kpool.ops._launch``).
 Bitwise results do not depend on the tile sizes: a tile only decides which cells one program
 computes, never the order of any cell's operations.
 """
@@ -28,6 +29,7 @@ import triton.language as tl
 
 from ..errors import KPoolConfigError, KPoolDtypeError, KPoolShapeError
 from ..platform import launch_options as _platform_launch_options
+from ._launch import launch_grid
 from ._portable import request_of_rows  # also makes runtime loop bounds work in the interpreter
 
 LOWEST = torch.finfo(torch.float32).min
@@ -37,6 +39,11 @@ _FLT_MAX = tl.constexpr(FLT_MAX)
 
 MAX_GRID = 65535
 """Upper bound on programs per launch (Ascend coreDim limit, §1.3 of platform-numerics.md)."""
+
+# Grid = min(tiles, cores * this, MAX_GRID) (kpool.ops._launch): one program per vector core on
+# NPU (platform-numerics.md §1.3); several per SM on CUDA so that small tiles still hide memory
+# latency (8 x 4 warps = half an SM's threads; a tuning knob, results do not depend on it).
+_PROGRAMS_PER_CORE = {"cuda": 8, "npu": 1, "cpu": 1}
 
 SCORE_MODES = {"relu": 0, "merged": 1}
 
@@ -57,6 +64,14 @@ def _backend_of(t: torch.Tensor) -> str:
 
 def _options(t: torch.Tensor, launch_options) -> dict:
     return dict(_platform_launch_options(_backend_of(t)) if launch_options is None else launch_options)
+
+
+def _grid(work: int, t: torch.Tensor) -> tuple:
+    """1-D grid for ``work`` tiles on ``t``'s device: vector cores (npu), SMs (cuda), at most
+    ``MAX_GRID`` (read at call time); the kernels grid-stride over the remaining tiles."""
+    backend = _backend_of(t)
+    return (launch_grid(work, backend, t.device, programs_per_core=_PROGRAMS_PER_CORE[backend],
+                        limit=MAX_GRID),)
 
 
 @triton.jit
@@ -290,7 +305,7 @@ def score_pools(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: tor
     q16 = q.view(torch.int16)               # bf16 bits; the kernels upcast exactly
     if mode == 1:
         qbar = torch.empty((num_rows, D), dtype=torch.float32, device=q.device)
-        _merge_heads_kernel[(min(triton.cdiv(num_rows, br), MAX_GRID),)](
+        _merge_heads_kernel[_grid(triton.cdiv(num_rows, br), q)](
             q16, q.stride(0), q.stride(1), q.stride(2), w_arg, weights.stride(0), weights.stride(1),
             qbar, qbar.stride(0), row_start, num_rows,
             H=H, D=D, DP=triton.next_power_of_2(D), W_BF16=w_bf16, BLOCK_ROWS=br, **options)
@@ -298,7 +313,7 @@ def score_pools(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: tor
         qbar = out                              # unused placeholder pointer
     span = 1 + sum((s - 1) * st for s, st in zip(compressed_cache.shape, compressed_cache.stride()))
     tiles = triton.cdiv(num_rows, br) * triton.cdiv(max_pool_seq_len, bp)
-    _score_kernel[(min(tiles, MAX_GRID),)](
+    _score_kernel[_grid(tiles, q)](
         q16, q.stride(0), q.stride(1), q.stride(2),
         w_arg, weights.stride(0), weights.stride(1),
         qbar, qbar.stride(0),
@@ -432,7 +447,7 @@ def expand_indices(*, pool_ids: torch.Tensor, pool_scores: torch.Tensor, positio
     br = block_rows or default_rows
     bc = block_cols or default_cols
     tiles = triton.cdiv(T, br) * triton.cdiv(width, bc)
-    _expand_kernel[(min(tiles, MAX_GRID),)](
+    _expand_kernel[_grid(tiles, out)](
         out, out.stride(0), T, width,
         positions, pool_ids, pool_ids.stride(0), pool_ids.stride(1),
         pool_scores, pool_scores.stride(0), pool_scores.stride(1),
