@@ -33,19 +33,40 @@ def _ops(package: str, name: str):
     return importlib.import_module(f"{package}.{name}")
 
 
-def grid_cap(backend: str, device=None, *, package: str = "kpool") -> int:
-    """Programs per cache-update launch: ``kpool.ops.compress._grid_cap`` (SM count on cuda,
-    vector cores on npu, a few on the interpreter).
+def grid_cap(backend: str, device=None, *, package: str = "kpool") -> Optional[int]:
+    """Programs a cache-update launch may use at most (its grid is ``min(work, cap)``), from the
+    launcher's own helper: ``kpool.ops.compress._grid_cap`` (SM count on cuda, vector cores on
+    npu, a few on the interpreter), or ``kpool.ops._launch.launch_grid`` where the launcher
+    sizes its grid with it. ``None`` when neither exists (then no program id is reported).
 
     Args:
         backend: ``"cpu"``, ``"cuda"`` or ``"npu"``; device: a torch device of that backend.
         package: ``"kpool"`` or a planted-fault copy of it (:mod:`parity.mutants`).
     """
-    compress = _ops(package, "ops.compress")
-    if backend == "cpu":
-        return int(compress._CPU_GRID_CAP)
     import torch
-    return int(compress._grid_cap(backend, torch.empty(0, device=device)))
+    compress = _ops(package, "ops.compress")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if hasattr(compress, "_grid_cap"):
+        if backend == "cpu":
+            return int(compress._CPU_GRID_CAP)
+        return int(compress._grid_cap(backend, torch.empty(0, device=dev)))
+    try:
+        launch = _ops(package, "ops._launch")
+    except ImportError:
+        return None
+    per_core = getattr(compress, "_PROGRAMS_PER_CORE", {}).get(backend, 1)
+    return int(launch.launch_grid(2 ** 31 - 1, backend, dev, programs_per_core=per_core,
+                                  cpu_cap=getattr(compress, "_CPU_GRID_CAP", None)))
+
+
+def _indexer_grid(indexer, tiles: int, backend: str, device) -> int:
+    """Grid of an indexer launch over ``tiles`` tiles: the launcher's ``_grid`` helper when it has
+    one (core-count based), else ``min(tiles, MAX_GRID)``."""
+    if hasattr(indexer, "_grid"):
+        import torch
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        return int(indexer._grid(tiles, torch.empty(0, device=dev))[0])
+    return max(1, min(tiles, indexer.MAX_GRID))
 
 
 @dataclass(frozen=True)
@@ -83,20 +104,20 @@ def cache_update_program(row: int, *, num_live: int, head_dim: int, backend: str
 
 
 def expand_program(row: int, column: int, *, num_rows: int, width: int, backend: str,
-                   package: str = "kpool") -> int:
+                   package: str = "kpool", device=None) -> int:
     """Program of ``_expand_kernel`` that writes output element ``(row, column)`` of a ``[T, width]``
     output (``width`` = caller buffer width, else ``W``)."""
     indexer = _ops(package, "ops.indexer")
     br, bc = indexer._EXPAND_TILES[backend]
     n_col_blocks = _cdiv(width, bc)
-    launch = Launch(tiles=_cdiv(num_rows, br) * n_col_blocks,
-                    grid=min(_cdiv(num_rows, br) * n_col_blocks, indexer.MAX_GRID))
+    tiles = _cdiv(num_rows, br) * n_col_blocks
+    launch = Launch(tiles=tiles, grid=_indexer_grid(indexer, tiles, backend, device))
     return launch.program_of_tile((row // br) * n_col_blocks + column // bc)
 
 
 def score_program(row: int, pool: int, *, num_live: int, max_pool_seq_len: int, num_heads: int,
                   score_mode: str, backend: str, max_score_rows: Optional[int] = None,
-                  package: str = "kpool"):
+                  package: str = "kpool", device=None):
     """``(chunk, program)`` of ``_score_kernel`` that scores pool ``pool`` of live row ``row``:
     ``chunk`` is the index of the score launch (row chunk of ``kpool.indexer.forward``),
     ``program`` the program id within it."""
@@ -111,5 +132,5 @@ def score_program(row: int, pool: int, *, num_live: int, max_pool_seq_len: int, 
     br, bp = indexer._score_tiles(backend, n, max_pool_seq_len, cells)
     n_pool_blocks = _cdiv(max_pool_seq_len, bp)
     tiles = _cdiv(n, br) * n_pool_blocks
-    launch = Launch(tiles=tiles, grid=min(tiles, indexer.MAX_GRID))
+    launch = Launch(tiles=tiles, grid=_indexer_grid(indexer, tiles, backend, device))
     return chunk, launch.program_of_tile((local // br) * n_pool_blocks + pool // bp)

@@ -525,13 +525,14 @@ def _localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.dev
         elif r.get("row") is not None and r.get("column") is not None and pkg is not None \
                 and (out == "indices" or out.startswith("sentinel:output_buffer") or out == DETERMINISM_OUTPUT):
             width = int(kbuf.view.shape[1]) if kbuf is not None else cfg.output_width
-            pid = program(programs.expand_program, r["row"], r["column"], num_rows=T, width=width, backend=backend)
+            pid = program(programs.expand_program, r["row"], r["column"], num_rows=T, width=width, backend=backend,
+                          device=dev)
             if pid is not None:
                 r["kernel"], r["program_id"] = "expand", pid
             if r.get("pool_id") is not None and r["row"] < t_live and meta.max_pool_seq_len > 0:
                 sp = program(programs.score_program, r["row"], r["pool_id"], num_live=t_live,
                              max_pool_seq_len=meta.max_pool_seq_len, num_heads=cfg.index_n_heads,
-                             score_mode=cfg.score_mode, backend=backend)
+                             score_mode=cfg.score_mode, backend=backend, device=dev)
                 if sp is not None:
                     note(r, f"pool scored by _score_kernel launch {sp[0]} program {sp[1]}")
 
