@@ -42,7 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", default="lockstep", choices=("lockstep", "resync"),
                      help="lockstep (default) or resync (reference gets the kernel's caches before each step)")
     run.add_argument("--failures-only", action="store_true", help="print only failing rows (files keep all rows)")
+    run.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                     help="worker processes, one device each (round robin; parity.parallel); default 1")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def offset_seeds(case, offset: int):
@@ -98,16 +107,19 @@ def _run(args) -> int:
     # 3. Run.
     import pandas as pd
     from . import report
-    from .runner import run_case
+    from .parallel import run_cases
     console.print(f"device={device} suite={args.suite} size={args.size} seed={args.seed} "
-                  f"mode={args.mode} oracle={'off' if args.no_oracle else 'on'}: {len(cases)} cases")
-    t0 = time.perf_counter()
-    results = []
-    for case in cases:
-        res = run_case(case, device=device, check_oracle=not args.no_oracle, mode=args.mode)
-        results.append(res)
+                  f"mode={args.mode} oracle={'off' if args.no_oracle else 'on'} jobs={args.jobs}: "
+                  f"{len(cases)} cases")
+
+    def progress(res):
         status = "[green]ok[/]" if res.ok else f"[red]{len(res.failures)} failures[/]"
-        console.print(f"  {escape(res.case_id)}: {res.steps_run} steps, {res.wall_s:.2f} s, {status}")
+        console.print(f"  {escape(res.case_id)}: {res.steps_run} steps, {res.wall_s:.2f} s, {status}"
+                      + escape(f" [worker {res.worker}, {res.worker_device}]"))
+
+    t0 = time.perf_counter()
+    results = run_cases(cases, device=device, jobs=args.jobs, on_result=progress,
+                        check_oracle=not args.no_oracle, mode=args.mode)
     wall = time.perf_counter() - t0
     df = report.results_table(results)
     summary = report.print_results(df, wall_s=wall, console=console, failures_only=args.failures_only)
