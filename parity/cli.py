@@ -4,10 +4,12 @@
 ``TRITON_INTERPRET=1``, which must happen before any ``kpool.ops`` kernel is imported), builds the
 seed scenarios (``cases.scenarios.seed_cases``), runs every case with
 :func:`parity.runner.run_case`, prints the results table and a summary line, and optionally writes
-CSV/JSON/markdown (``--report DIR``) and JUnit XML (``--junit FILE``).
+CSV/JSON/markdown (``--report DIR``) and JUnit XML (``--junit FILE``), and writes a repro bundle of
+every failing case (:mod:`parity.commands`, :mod:`parity.bundle`). ``record`` takes the same options
+and writes a bundle for every case; ``replay BUNDLE`` reruns one in a fresh process on any device.
 
 Exit status: 0 all checks pass, 1 at least one failure finding, 2 usage error (bad option,
-unknown case, unavailable device).
+unknown case, unavailable device); ``replay``: 0 the recorded findings were reproduced, 1 not.
 """
 from __future__ import annotations
 
@@ -23,12 +25,26 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser (sub-command ``run``)."""
+    """The argparse parser: ``run``, ``record`` (same options; a repro bundle for every case) and
+    ``replay BUNDLE`` (:mod:`parity.commands`)."""
+    from . import commands
     parser = argparse.ArgumentParser(prog="python -m parity",
                                      description="Bit-exact parity of the KPool Triton kernels vs the PyTorch reference.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run parity cases and report every check",
-                         description="Run the parity cases; exit 1 on any failure finding.")
+                         description="Run the parity cases; exit 1 on any failure finding (a repro bundle "
+                                     "is written for every failing case).")
+    _add_run_arguments(run)
+    record = sub.add_parser("record", help="run cases and write a repro bundle for each, pass or fail",
+                            description="Like run, but writes a repro bundle for every case.")
+    _add_run_arguments(record)
+    commands.add_replay_parser(sub)
+    return parser
+
+
+def _add_run_arguments(run) -> None:
+    """Options shared by ``run`` and ``record``."""
+    from . import commands
     run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
                      help="kernel device; cpu = Triton interpreter (default: auto, npu > cuda > cpu)")
     run.add_argument("--suite", default="seed", choices=SUITES, help="case suite (default: seed)")
@@ -44,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--failures-only", action="store_true", help="print only failing rows (files keep all rows)")
     run.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                      help="worker processes, one device each (round robin; parity.parallel); default 1")
-    return parser
+    commands.add_run_options(run)
 
 
 def _positive_int(text: str) -> int:
@@ -104,32 +120,10 @@ def _run(args) -> int:
         print(f"python -m parity run: error: {exc.args[0]}", file=sys.stderr)
         return EXIT_USAGE
     cases = [offset_seeds(c, args.seed) for c in cases]
-    # 3. Run.
-    import pandas as pd
-    from . import report
-    from .parallel import run_cases
-    console.print(f"device={device} suite={args.suite} size={args.size} seed={args.seed} "
-                  f"mode={args.mode} oracle={'off' if args.no_oracle else 'on'} jobs={args.jobs}: "
-                  f"{len(cases)} cases")
-
-    def progress(res):
-        status = "[green]ok[/]" if res.ok else f"[red]{len(res.failures)} failures[/]"
-        console.print(f"  {escape(res.case_id)}: {res.steps_run} steps, {res.wall_s:.2f} s, {status}"
-                      + escape(f" [worker {res.worker}, {res.worker_device}]"))
-
-    t0 = time.perf_counter()
-    results = run_cases(cases, device=device, jobs=args.jobs, on_result=progress,
-                        check_oracle=not args.no_oracle, mode=args.mode)
-    wall = time.perf_counter() - t0
-    df = report.results_table(results)
-    summary = report.print_results(df, wall_s=wall, console=console, failures_only=args.failures_only)
-    timings = pd.concat([r.timings for r in results], ignore_index=True) if results else None
-    if args.report:
-        paths = report.write_report(df, args.report, wall_s=wall, timings=timings)
-        console.print(escape(f"report: {', '.join(paths.values())}"))
-    if args.junit:
-        console.print(escape(f"junit: {report.write_junit(df, args.junit)}"))
-    return EXIT_FAIL if summary["failures"] else EXIT_OK
+    # 3. Run, report, bundles (parity.commands; parity.parallel for --jobs > 1).
+    from . import commands
+    return commands.execute(cases, args, device, console, record=args.command == "record",
+                            prog=f"python -m parity {args.command}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -139,7 +133,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return int(exc.code or 0)
-    if args.command == "run":
+    if args.command in ("run", "record"):
         return _run(args)
+    if args.command == "replay":
+        from .commands import replay_main
+        return replay_main(args)
     parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
     return EXIT_USAGE

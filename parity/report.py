@@ -19,7 +19,7 @@ REPORT_COLUMNS = ("case", "size", "step", "output", "verdict", "mismatches", "fi
 """Columns of the printed table."""
 
 _SHORT = {"position": "pos", "request": "req", "column": "col", "pool_id": "pool",
-          "page_row": "row", "channel": "ch"}
+          "page_row": "prow", "channel": "ch"}
 
 
 def format_location(row) -> str:

@@ -82,18 +82,31 @@ def _progress(console, total: int):
                     TextColumn("steps"), TimeElapsedColumn(), console=console, transient=True)
 
 
+def _parallel():
+    """:mod:`parity.parallel` when present (multi-worker runs), else ``None``."""
+    try:
+        from . import parallel
+    except ImportError:
+        return None
+    return parallel
+
+
 def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forward: Optional[Callable] = None,
-              on_case: Optional[Callable] = None) -> List:
+              on_case: Optional[Callable] = None, jobs: int = 1) -> List:
     """Run ``cases`` with :func:`parity.runner.run_case` (plus the selected metamorphic relations).
 
-    A progress bar over cases x steps is shown when the console is a terminal. After each case
-    ``on_case(case, result)`` is called (the CLI prints a status line and writes bundles there).
+    A progress bar over cases x steps is shown when the console is a terminal. ``on_case(case,
+    result)`` is called after each case (in case order; the CLI prints a status line and writes
+    bundles there).
 
     Args:
         cases: :class:`cases.spec.Case` objects.
         options: :class:`RunOptions`.
         console: a rich console (default :func:`parity.report.make_console`).
         kernel_forward: overrides ``options.kernel``.
+        jobs: worker processes (:mod:`parity.parallel`, one device each). Workers import the
+            kernel by reference, so ``jobs > 1`` needs the production kernel (``options.kernel ==
+            "kpool"``); other kernels run in this process.
 
     Returns:
         The :class:`parity.runner.CaseResult` list, in case order; metamorphic findings are
@@ -105,30 +118,51 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
     from .runner import run_case
     console = console or make_console()
     fn = kernel_forward or resolve_kernel(options.kernel)
+    par = _parallel()
+    if jobs > 1 and (par is None or options.kernel != DEFAULT_KERNEL or kernel_forward is not None):
+        console.print(f"[yellow]--jobs {jobs} needs the production kernel and parity.parallel; running in this process[/]")
+        jobs = 1
+    kwargs = dict(check_oracle=options.check_oracle, mode=options.mode, repeat=options.repeat)
     total = sum(len(c.steps) for c in cases)
     bar = _progress(console, total)
-    results = []
-    task = None
+    task = bar.add_task("", total=total) if bar is not None else None
+    results: List = []
+
+    def finish(case, res):
+        if options.metamorphic:
+            from .metamorphic import run_relations
+            extra = run_relations(case, options.metamorphic, device=options.device, kernel_forward=fn)
+            if len(extra):
+                for col in ("worker", "worker_device"):
+                    if col in res.findings.columns:
+                        extra[col] = res.findings[col].iloc[0] if len(res.findings) else None
+                res.findings = pd.concat([res.findings, extra], ignore_index=True)
+        if on_case is not None:
+            on_case(case, res)   # rich prints above a live bar on the same console
+
     if bar is not None:
         bar.start()
-        task = bar.add_task("", total=total)
     try:
-        for case in cases:
-            if bar is not None:
-                bar.update(task, description=case.case_id)
-            res = run_case(case, device=options.device, kernel_forward=fn, check_oracle=options.check_oracle,
-                           mode=options.mode, repeat=options.repeat,
-                           on_step=(lambda c, i, s: bar.advance(task)) if bar is not None else None)
-            if bar is not None and res.steps_run < len(case.steps):
-                bar.advance(task, len(case.steps) - res.steps_run)
-            if options.metamorphic:
-                from .metamorphic import run_relations
-                extra = run_relations(case, options.metamorphic, device=options.device, kernel_forward=fn)
-                if len(extra):
-                    res.findings = pd.concat([res.findings, extra], ignore_index=True)
-            results.append(res)
-            if on_case is not None:
-                on_case(case, res)   # rich prints above a live bar on the same console
+        if jobs > 1:
+            def advance(res):
+                if bar is not None:
+                    bar.advance(task, next(len(c.steps) for c in cases if c.case_id == res.case_id))
+            results = par.run_cases(cases, device=options.device, jobs=jobs, on_result=advance, **kwargs)
+            for case, res in zip(cases, results):
+                finish(case, res)
+        else:
+            label = par.in_process_device_label(options.device) if par is not None else options.device
+            for case in cases:
+                if bar is not None:
+                    bar.update(task, description=case.case_id)
+                res = run_case(case, device=options.device, kernel_forward=fn,
+                               on_step=(lambda c, i, s: bar.advance(task)) if bar is not None else None, **kwargs)
+                if par is not None:
+                    par.annotate(res, 0, label)
+                if bar is not None and res.steps_run < len(case.steps):
+                    bar.advance(task, len(case.steps) - res.steps_run)
+                results.append(res)
+                finish(case, res)
     finally:
         if bar is not None:
             bar.stop()
