@@ -201,31 +201,80 @@ def run_cases(cases: Sequence, *, device: str, jobs: int = 1,
                         run_kwargs=run_kwargs)
 
 
+def _start_workers(ctx, device: str, jobs: int, target, extra_args: tuple):
+    """Spawn ``jobs`` processes ``target(worker, device, *extra_args)``, worker ``w`` with
+    :func:`worker_environment` in the environment it starts with. Returns ``(procs, labels)``."""
+    devices = visible_devices(device)
+    procs, labels = [], []
+    for w in range(jobs):
+        env = worker_environment(w, device, devices, jobs)
+        proc = ctx.Process(target=target, args=(w, device) + tuple(extra_args),
+                           name=f"parity-worker-{w}", daemon=True)
+        with _SPAWN_LOCK:
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                proc.start()                 # the child's environment is copied here
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        procs.append(proc)
+        labels.append(worker_device_label(device, env))
+    return procs, labels
+
+
+def _probe_main(worker: int, device: str, results) -> None:
+    """Probe worker body: report the pin it started with and what the runtime sees through it."""
+    info = {"worker": worker, "pid": os.getpid(),
+            "torch_imported_at_start": "torch" in __import__("sys").modules}
+    for var in ("KPOOL_DEVICE", "OMP_NUM_THREADS") + tuple(VISIBLE_DEVICES_ENV.values()):
+        info[var] = os.environ.get(var)
+    try:
+        import torch
+        if device == "cuda":
+            info["device_count"] = int(torch.cuda.device_count())
+            if info["device_count"]:
+                info["device_name"] = torch.cuda.get_device_name(0)
+        elif device == "npu":
+            import torch_npu  # noqa: F401
+            info["device_count"] = int(torch.npu.device_count())
+    except Exception as exc:  # report, do not hide: the probe is a diagnostic
+        info["error"] = f"{type(exc).__name__}: {exc}"
+    results.put(info)
+
+
+def probe_workers(device: str, jobs: int, timeout_s: float = 120.0) -> List[dict]:
+    """Spawn ``jobs`` workers exactly as ``run --jobs`` does and return what each one saw:
+    ``worker``, ``pid``, ``KPOOL_DEVICE``, ``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES``,
+    ``ASCEND_RT_VISIBLE_DEVICES``, ``torch_imported_at_start`` (must be False: the pin precedes
+    torch) and, on cuda/npu, ``device_count`` (1 when pinned) and ``device_name``. A diagnostic
+    for multi-device hosts (docs/validation.md) and the tests; sorted by worker."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs, _ = _start_workers(ctx, device, jobs, _probe_main, (results,))
+    try:
+        out = [results.get(timeout=timeout_s) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+        results.cancel_join_thread()
+        results.close()
+    return sorted(out, key=lambda d: d["worker"])
+
+
 def _run_spawned(cases: List, *, device: str, jobs: int, on_result, run_kwargs: dict) -> List:
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     tasks, results = ctx.Queue(), ctx.Queue()
-    devices = visible_devices(device)
-    procs, labels = [], []
+    procs: List = []
     try:
-        for w in range(jobs):
-            env = worker_environment(w, device, devices, jobs)
-            label = worker_device_label(device, env)
-            proc = ctx.Process(target=_worker_main, args=(w, device, tasks, results),
-                               name=f"parity-worker-{w}", daemon=True)
-            with _SPAWN_LOCK:
-                saved = {k: os.environ.get(k) for k in env}
-                os.environ.update(env)
-                try:
-                    proc.start()             # the child's environment is copied here
-                finally:
-                    for k, v in saved.items():
-                        if v is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = v
-            procs.append(proc)
-            labels.append(label)
+        procs, labels = _start_workers(ctx, device, jobs, _worker_main, (tasks, results))
         for i in case_cost_order(cases):
             tasks.put((i, pickle.dumps(cases[i]), run_kwargs))
         for _ in procs:
@@ -278,3 +327,25 @@ def _collect(cases, procs, labels, results, on_result) -> List:
                 on_result(out[index])
     return out
 
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m parity.parallel [--device D] [--jobs N]``: print :func:`probe_workers` as JSON
+    lines (which device each worker of ``run --jobs N`` would be pinned to, and what it sees)."""
+    import argparse
+    import json
+    parser = argparse.ArgumentParser(prog="python -m parity.parallel",
+                                     description="Show the device pin of each parity worker.")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"))
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    from kpool.platform import detect_device
+    device = detect_device(None if args.device == "auto" else args.device)
+    print(json.dumps({"device": device, "visible": visible_devices(device), "jobs": args.jobs}))
+    for info in probe_workers(device, args.jobs):
+        print(json.dumps(info))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

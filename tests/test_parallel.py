@@ -1,0 +1,144 @@
+"""Multi-worker parity runs (``python -m parity run --jobs N``, :mod:`parity.parallel`).
+
+* device pinning: worker ``i`` gets physical device ``i % n`` of the parent's visible list via
+  ``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``, in the environment it is spawned
+  with (checked in real spawned processes, before they import torch); cpu is not pinned;
+* merging: a ``--jobs 2`` run on the CPU interpreter gives the same results table, row for row,
+  as ``--jobs 1``, plus the ``worker`` / ``worker_device`` columns (both workers used);
+* failures: a worker that raises or dies aborts the run with a message naming the case.
+"""
+import os
+import types
+
+os.environ.setdefault("KPOOL_DEVICE", "cpu")
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from parity import parallel  # noqa: E402
+from parity.parallel import ParallelRunError, worker_environment  # noqa: E402
+
+CASES = ["prefill-topk[small]", "full-padding[small]"]   # the two fastest seed cases
+
+
+# ----------------------------------------------------------------------------- pinning (pure)
+
+def test_visible_devices_from_env_or_device_count(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert parallel.visible_devices("cuda") == ["2", "3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert parallel.visible_devices("cuda") == ["0", "1"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert parallel.visible_devices("cuda") == ["0"]
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "4,5,6")
+    assert parallel.visible_devices("npu") == ["4", "5", "6"]
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES")
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(device_count=lambda: 8), raising=False)
+    assert parallel.visible_devices("npu") == [str(i) for i in range(8)]
+    assert parallel.visible_devices("cpu") == []
+
+
+@pytest.mark.parametrize("device, devices, jobs, expected", [
+    ("cuda", ["0", "1"], 2, ["0", "1"]),                 # two GPUs: one each
+    ("cuda", ["2", "3"], 4, ["2", "3", "2", "3"]),       # round robin over the parent's list
+    ("cuda", ["0"], 2, ["0", "0"]),                      # one GPU: shared
+    ("npu", ["0", "1", "2"], 3, ["0", "1", "2"]),
+])
+def test_worker_environment_round_robin(device, devices, jobs, expected):
+    var = parallel.VISIBLE_DEVICES_ENV[device]
+    other = ({"cuda", "npu"} - {device}).pop()
+    envs = [worker_environment(w, device, devices, jobs, base={}) for w in range(jobs)]
+    assert [e[var] for e in envs] == expected
+    assert all(parallel.VISIBLE_DEVICES_ENV[other] not in e for e in envs)
+    assert all(e["KPOOL_DEVICE"] == device for e in envs)
+    assert [parallel.worker_device_label(device, e) for e in envs] == [f"{device}:{d}" for d in expected]
+
+
+def test_worker_environment_cpu_and_threads(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    env = worker_environment(1, "cpu", [], 2, base={})
+    assert env == {"KPOOL_DEVICE": "cpu", "OMP_NUM_THREADS": "16"}
+    assert parallel.worker_device_label("cpu", env) == "cpu"
+    assert "OMP_NUM_THREADS" not in worker_environment(0, "cuda", ["0"], 2, base={"OMP_NUM_THREADS": "3"})
+
+
+def test_cost_order_puts_large_cases_first():
+    cases = [types.SimpleNamespace(size=s) for s in ("small", "glm5.3-flash", "small", "glm5.3-flash")]
+    assert parallel.case_cost_order(cases) == [1, 3, 0, 2]
+
+
+def test_spawned_workers_start_pinned_before_torch(monkeypatch):
+    """Real spawned processes: each sees only its device in its start-up environment."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    seen = parallel.probe_workers("cuda", 2)
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in seen] == ["5", "7"]
+    assert all(s["KPOOL_DEVICE"] == "cuda" and not s["torch_imported_at_start"] for s in seen)
+    assert len({s["pid"] for s in seen}) == 2
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,7"   # the parent's own pin is restored
+
+
+# ----------------------------------------------------------------------------- merged runs
+
+def _cli_report(tmp_path, jobs):
+    from parity.cli import main
+    out = tmp_path / f"jobs{jobs}"
+    rc = main(["run", "--device", "cpu", "--size", "small", "--case", *CASES, "--jobs", str(jobs),
+               "--report", str(out)])
+    return rc, pd.read_csv(out / "results.csv"), pd.read_csv(out / "timings.csv")
+
+
+def test_two_workers_merge_into_the_single_worker_report(tmp_path):
+    rc1, one, t1 = _cli_report(tmp_path, 1)
+    rc2, two, t2 = _cli_report(tmp_path, 2)
+    assert rc1 == rc2 == 0
+    assert set(one["worker"]) == {0} and set(one["worker_device"]) == {"cpu"}
+    assert set(two["worker"]) == {0, 1} and set(two["worker_device"]) == {"cpu"}   # both workers ran cases
+    keep = [c for c in one.columns if c not in parallel.WORKER_COLUMNS]
+    pd.testing.assert_frame_equal(one[keep], two[keep])            # same rows, same order, same values
+    assert list(dict.fromkeys(two["case"] + "[" + two["size"] + "]")) == CASES   # case order kept
+    assert len(t1) == len(t2) and set(t2["worker"]) == {0, 1}
+    # a case runs on exactly one worker
+    assert (two.groupby(["case", "size"])["worker"].nunique() == 1).all()
+
+
+class _Proc:
+    def __init__(self, alive=True, exitcode=None):
+        self.alive, self.exitcode = alive, exitcode
+
+    def is_alive(self):
+        return self.alive
+
+
+class _Results:
+    """The result queue as a worker would have filled it."""
+
+    def __init__(self, *items):
+        self.items = list(items)
+
+    def get(self, timeout):
+        if self.items:
+            return self.items.pop(0)
+        import queue
+        raise queue.Empty
+
+
+BIG = types.SimpleNamespace(case_id="big[glm5.3-flash]")
+
+
+def test_worker_exception_names_the_case():
+    results = _Results(("start", 0, 1, None), ("error", 0, 1, "Traceback ...\nValueError: boom"))
+    with pytest.raises(ParallelRunError, match=r"worker 1 \(cuda:1\) failed on big\[glm5.3-flash\]:\n[\s\S]*ValueError: boom"):
+        parallel._collect([BIG], [_Proc(), _Proc()], ["cuda:0", "cuda:1"], results, None)
+
+
+def test_dead_worker_is_reported_with_its_case():
+    results = _Results(("start", 0, 0, None))
+    with pytest.raises(ParallelRunError, match=r"worker 0 \(cuda:1\) died \(exit code -9\) while running big"):
+        parallel._collect([BIG], [_Proc(False, -9)], ["cuda:1"], results, None)
+
+
+def test_jobs_must_be_positive():
+    with pytest.raises(ValueError):
+        parallel.run_cases([], device="cpu", jobs=0)
