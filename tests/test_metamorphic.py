@@ -1,0 +1,125 @@
+"""Metamorphic relations (parity/metamorphic.py): each holds bitwise on the real kernels, and each
+catches a kernel that breaks it (stand-in forwards built on the reference, one planted fault per
+relation).
+
+Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_metamorphic.py``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parity import metamorphic as mm
+
+
+def _case():
+    """full-padding[small]: FULL-mode replays with padding rows, 2-3 requests, an output buffer."""
+    from cases.scenarios import full_padding
+    return full_padding("small")
+
+
+def _reference():
+    from reference.stateful import forward
+    return forward
+
+
+def _verdicts(df):
+    return {(o.split(":", 1)[1], v) for o, v in zip(df["output"], df["verdict"])}
+
+
+def test_every_relation_holds_on_the_kernels():
+    from kpool.platform import resolve_device
+    resolve_device("cpu")
+    df = mm.run_relations(_case(), device="cpu", steps=[1, 2])
+    assert _verdicts(df) == {(name, "exact") for name in mm.RELATIONS}, df[["step", "output", "verdict", "detail"]]
+    # captured-replay of step s replays it over the captured step s - 1 (pairs 0->1, 1->2)
+    assert set(df.loc[df["output"] == "metamorphic:captured-replay", "step"]) == {1, 2}
+    assert set(df.loc[df["output"] == "metamorphic:batch-permutation", "step"]) == {1, 2}
+
+
+def test_relations_hold_for_the_reference_too():
+    df = mm.run_relations(_case(), device="cpu", kernel_forward=_reference(), steps=[1, 2])
+    # the reference has no max_score_rows: score-chunking does not apply to it
+    assert _verdicts(df) == {(name, "exact") for name in mm.RELATIONS if name != "score-chunking"}
+
+
+# --------------------------------------------------------------------------- planted faults
+
+def _order_dependent(**kw):
+    """Breaks batch-permutation: the first row of the batch gets one wrong history column."""
+    out = _reference()(**kw)
+    if out is not None and int(kw["positions"][0]) >= 7:
+        out[0, 0, 0] = out[0, 0, 0] + 4
+    return out
+
+
+def _leaks_into_padding(**kw):
+    """Breaks padding-rows: padding rows come out 0 instead of -1."""
+    out = _reference()(**kw)
+    if out is not None:
+        out[int(kw["cum_query_lens"][-1]):] = 0
+    return out
+
+
+def _dirty_alignment(**kw):
+    """Breaks output-width: a caller buffer's first alignment column and the row after T are written."""
+    out = _reference()(**kw)
+    buf = kw["output_buffer"]
+    if buf is not None:
+        T, W = out.shape[0], out.shape[2]
+        buf[0, W] = 5
+        buf[T, 0] = 5
+    return out
+
+
+def _chunk_sensitive(max_score_rows=None, **kw):
+    """Breaks score-chunking: the last live row changes when the scratch is chunked."""
+    out = _reference()(**kw)
+    if max_score_rows is not None and out is not None:
+        out[int(kw["cum_query_lens"][-1]) - 1, 0, 0] += 4
+    return out
+
+
+def _stale_metadata_forward():
+    """Breaks captured-replay: metadata memoized per tensor (a host-side cache keyed by buffer),
+    so a replay with new metadata written in place reuses the captured step's positions."""
+    seen = {}
+
+    def forward(**kw):
+        key = kw["positions"].data_ptr()
+        if key in seen:
+            kw = dict(kw, positions=seen[key][1].clone())
+        else:
+            seen[key] = (kw["positions"], kw["positions"].clone())   # keeps the buffer alive
+        return _reference()(**kw)
+    return forward
+
+
+@pytest.mark.parametrize("relation, fault, verdicts", [
+    ("batch-permutation", _order_dependent, {"wrong-index"}),
+    ("padding-rows", _leaks_into_padding, {"padding-leak"}),
+    ("output-width", _dirty_alignment, {"padding-leak", "stray-write"}),
+    ("score-chunking", _chunk_sensitive, {"wrong-index"}),
+    ("captured-replay", None, {"wrong-index"}),
+])
+def test_each_relation_catches_its_fault(relation, fault, verdicts):
+    fault = fault or _stale_metadata_forward()
+    df = mm.run_relations(_case(), [relation], device="cpu", kernel_forward=fault, steps=[1, 2])
+    bad = df[df["verdict"] != "exact"]
+    assert set(bad["output"]) == {f"metamorphic:{relation}"}
+    assert verdicts <= set(bad["verdict"]), bad[["step", "verdict", "detail"]]
+    first = bad.iloc[0]
+    assert first["step"] in (1, 2)
+    if "wrong-index" in set(bad["verdict"]):
+        wi = bad[bad["verdict"] == "wrong-index"].iloc[0]
+        assert wi["row"] >= 0 and wi["column"] >= 0
+
+
+def test_unknown_relation_and_inapplicable_steps():
+    with pytest.raises(ValueError, match="unknown metamorphic relation"):
+        mm.run_relations(_case(), ["nope"], device="cpu", kernel_forward=_reference())
+    from cases.scenarios import prefill_topk
+    case = prefill_topk("small")
+    # chunk-1 is one request: no permutation finding for that step
+    df = mm.run_relations(case, ["batch-permutation"], device="cpu", kernel_forward=_reference(), steps=[1])
+    assert len(df) == 0
