@@ -1,0 +1,135 @@
+"""Repro bundles (parity/bundle.py) and the run / record / replay commands: a bundle holds the case,
+its exact inputs and metadata, both sides' outputs, the findings and the environment, and
+``python -m parity replay BUNDLE`` reproduces the same findings in a fresh process.
+
+Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_bundles.py``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pandas as pd
+import pytest
+import torch
+
+from parity import bundle
+from parity.session import RunOptions, run_cases
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAULT = "tests.test_reports:planted_fault"
+
+
+def _python(*args, cwd=ROOT, timeout=240):
+    env = dict(os.environ, PYTHONPATH=ROOT, TRITON_INTERPRET="1", KPOOL_DEVICE="cpu")
+    return subprocess.run([sys.executable, "-m", "parity", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _case():
+    from tests.test_reports import multi_step_case
+    return multi_step_case()
+
+
+def _record(tmp_path, kernel=FAULT, mode="resync"):
+    options = RunOptions(device="cpu", mode=mode, repeat=2, kernel=kernel)
+    case = _case()
+    (res,) = run_cases([case], options)
+    path = bundle.write_bundle(res, case, str(tmp_path / bundle.bundle_name(case)), options=options)
+    return case, res, path
+
+
+def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path):
+    case, res, path = _record(tmp_path)
+    assert not res.ok and sorted(os.listdir(path)) == sorted(
+        ["README.md", "case.json", "environment.json", "findings.csv", "findings.json", "inputs.pt", "outputs.pt"])
+    b = bundle.load_bundle(path)
+    assert b.case.case_id == case.case_id and b.options.mode == "resync" and b.options.kernel == FAULT
+    assert b.data["first_divergent_step"] == 1 and b.data["command"] == f"python -m parity replay {path}"
+    # the exact inputs and metadata of every step
+    from cases.values import make_inputs
+    from kpool.metadata import build_metadata
+    for step, saved in zip(case.steps, b.case.steps):
+        meta = build_metadata(step.batch, index_kpool=4, ring_capacity=4, page_size=2)
+        replayed = saved.patch_metadata(build_metadata(saved.batch, index_kpool=4, ring_capacity=4, page_size=2))
+        for name, t in meta.tensors().items():
+            assert torch.equal(getattr(replayed, name), t), name
+        for name, t in make_inputs(case, step, meta).items():
+            assert torch.equal(saved.inputs(b.case, saved, replayed)[name].view(torch.uint8), t.view(torch.uint8))
+    # both sides' outputs of the failing steps
+    assert set(b.outputs) == {1, 3}
+    out = b.outputs[1]
+    assert {"kernel_indices", "reference_indices", "kernel_compressed", "reference_compressed",
+            "kernel_ring", "reference_ring"} <= set(out)
+    assert not torch.equal(out["kernel_compressed"], out["reference_compressed"])
+    assert torch.equal(out["kernel_indices"], out["reference_indices"])
+    # the finding table and the environment
+    assert bundle.diff_findings(b.findings, res.findings, with_programs=True).empty
+    env = b.environment
+    for key in ("device", "device_name", "torch", "torch_npu", "triton", "triton_ascend", "git", "soc_version"):
+        assert key in env
+    assert env["torch"] == torch.__version__ and env["device_name"] == "Triton interpreter (CPU)"
+    assert env["git"]["revision"] is None or len(env["git"]["revision"]) == 40
+    readme = open(os.path.join(path, "README.md")).read()
+    assert f"python -m parity replay {path}" in readme and "cache-mismatch" in readme
+
+
+def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path):
+    case, res, path = _record(tmp_path)
+    proc = _python("replay", path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"reproduced: {len(res.findings)} findings identical to the bundle's" in proc.stdout
+    # a bundle whose recorded findings disagree with what the code does now is reported, exit 1
+    records = json.load(open(os.path.join(path, "findings.json")))
+    k = next(i for i, r in enumerate(records) if r["verdict"] == "cache-mismatch")
+    records[k]["mismatches"] += 1
+    json.dump(records, open(os.path.join(path, "findings.json"), "w"))
+    proc = _python("replay", path)
+    assert proc.returncode == 1 and "findings differ from the bundle (2 rows)" in proc.stdout, proc.stdout
+
+
+def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path):
+    """End to end on the real kernels: a planted kernel fault fails the run, the failure message
+    names the replay command, and the replay in another process reproduces the findings."""
+    proc = _python("run", "--device", "cpu", "--case", "prefill-tail", "--kernel", "mutant:visible-off-by-one",
+                   "--report", "rep", "--junit", "rep/junit.xml", "--failures-only", "--no-oracle", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rel = os.path.join("rep", "bundles", "prefill-tail-small")
+    assert f"reproduce with python -m parity replay {rel}" in proc.stdout
+    assert os.path.isfile(tmp_path / rel / "case.json")
+    junit = ET.parse(tmp_path / "rep" / "junit.xml").getroot()
+    df = pd.read_csv(tmp_path / "rep" / "results.csv")
+    assert len(list(junit.iter("testcase"))) == len(df[["case", "size", "step", "output"]].drop_duplicates())
+    assert any(f.get("message") == "wrong-index" for f in junit.iter("failure"))
+    summary = open(tmp_path / "rep" / "summary.md").read()
+    assert "## Certified exceptions per output" in summary and "| prefill-tail | small | 0 | prefill |" in summary
+    proc = _python("replay", rel, cwd=tmp_path)
+    assert proc.returncode == 0 and "reproduced:" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_record_writes_a_bundle_for_a_passing_case(tmp_path):
+    from parity.cli import main
+    from kpool.platform import resolve_device
+    resolve_device("cpu")
+    out = tmp_path / "b"
+    assert main(["record", "--device", "cpu", "--case", "prefill-topk", "--size", "small", "--repeat", "1",
+                 "--bundle-dir", str(out)]) == 0
+    path = out / "prefill-topk-small"
+    assert "No failures (recorded on request)" in open(path / "README.md").read()
+    assert main(["replay", str(path)]) == 0
+    assert main(["replay", str(tmp_path / "nothing")]) == 2
+
+
+def test_bundle_name_and_unknown_format(tmp_path):
+    from tests.test_reports import multi_step_case
+    import dataclasses
+    case = dataclasses.replace(multi_step_case(), name="a b/c")
+    assert bundle.bundle_name(case) == "a_b_c-small"
+    (tmp_path / "case.json").write_text(json.dumps({"format": 99}))
+    with pytest.raises(ValueError, match="format"):
+        bundle.load_bundle(str(tmp_path))
+    with pytest.raises(FileNotFoundError):
+        bundle.load_bundle(str(tmp_path / "missing"))
