@@ -123,3 +123,20 @@ def test_unknown_relation_and_inapplicable_steps():
     # chunk-1 is one request: no permutation finding for that step
     df = mm.run_relations(case, ["batch-permutation"], device="cpu", kernel_forward=_reference(), steps=[1])
     assert len(df) == 0
+
+
+def test_cli_metamorphic_option(tmp_path):
+    """``python -m parity run --metamorphic RELATION`` adds the relation's rows to the results."""
+    import json
+
+    from kpool.platform import resolve_device
+    from parity.cli import main
+    resolve_device("cpu")
+    rep = tmp_path / "rep"
+    assert main(["run", "--device", "cpu", "--case", "prefill-topk", "--repeat", "1", "--no-oracle",
+                 "--metamorphic", "padding-rows", "--report", str(rep), "--no-bundles"]) == 0
+    rows = json.load(open(rep / "results.json"))["results"]
+    meta = [r for r in rows if r["output"].startswith("metamorphic:")]
+    assert {r["output"] for r in meta} == {"metamorphic:padding-rows"} and len(meta) == 4
+    assert all(r["verdict"] == "exact" for r in meta)
+    assert main(["run", "--device", "cpu", "--case", "prefill-topk", "--metamorphic", "nope"]) == 2
