@@ -523,6 +523,7 @@ def _localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.dev
                     if pid is not None:
                         r["kernel"], r["program_id"] = "ring_write", pid
         elif r.get("row") is not None and r.get("column") is not None and pkg is not None \
+                and r.get("region", "view") == "view" \
                 and (out == "indices" or out.startswith("sentinel:output_buffer") or out == DETERMINISM_OUTPUT):
             width = int(kbuf.view.shape[1]) if kbuf is not None else cfg.output_width
             pid = program(programs.expand_program, r["row"], r["column"], num_rows=T, width=width, backend=backend,
