@@ -52,8 +52,46 @@ MUTANTS = {
         "num_live = int(num_live_tokens)",
         "num_live = int(k.shape[0])",
         "stray-write"),
+    # C01: the ring stash gated on the pool-granular slot_mapping (-1 for every token that is not
+    # the last of its pool), §5.4: tokens inside a pool are never stashed, so a later chunk or
+    # decode completing that pool reads stale ring rows (missing-write on a fresh ring slot)
+    "ring-stash-gated-on-pool-slot": (
+        "ops/compress.py",
+        "positions, cum_query_lens, tail_slot_mapping,",
+        "positions, cum_query_lens, torch.where(slot_mapping >= 0, tail_slot_mapping, -1),",
+        "missing-write"),
+    # C21: a P-slot ring (the capacity C = P + spec ignored): every verify row, rejected drafts
+    # included, is stashed at p % P, so a rejected draft overwrites a committed token of the open
+    # pool, §3.3, §5.4 (the ring layout moves too, so any C > P case shows a ring-mismatch)
+    "ring-capacity-p": (
+        "ops/compress.py",
+        "num_tail_blocks, C = int(tail_cache.shape[0]), int(tail_cache.shape[2])",
+        "num_tail_blocks, C = int(tail_cache.shape[0]), int(tail_cache.shape[2]); "
+        "tail_slot_mapping = torch.where(tail_slot_mapping >= 0, tail_slot_mapping // C * index_kpool "
+        "+ positions % index_kpool, tail_slot_mapping); C = int(index_kpool)",
+        "ring-mismatch"),
+    # C17: padding rows' ring slot -1 used as an index: the ring write covers the graph-static T
+    # rows and checks only the upper bound of the slot, so slot -1 (block 0, row -1 after C
+    # division) writes before the ring, §5.4, §6 "FULL-mode padding" (two edits, one fault)
+    "padding-slot-minus-one": (
+        "ops/compress.py",
+        ("valid = live & (rows >= end_r - C) & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)",
+         "num_live, num_requests, iters, D, C, num_tail_blocks * C,"),
+        ("valid = live & (rows >= end_r - C) & (pos >= 0) & (tslot < num_tail_slots)",
+         "int(k.shape[0]), num_requests, triton.cdiv(triton.cdiv(int(k.shape[0]), block_t), grid), D, C, "
+         "num_tail_blocks * C,"),
+        "stray-write"),
 }
-"""``name -> (file relative to kpool/, exact old substring, new substring, expected verdict)``."""
+"""``name -> (file relative to kpool/, exact old substring, new substring, expected verdict)``;
+``old`` / ``new`` may be equal-length tuples for a fault that needs several edits of one file."""
+
+PLANTED_FAULTS = {
+    "own incomplete pool visible": "visible-off-by-one",
+    "ring stash gated on the pool slot": "ring-stash-gated-on-pool-slot",
+    "rejected MTP draft kept in the ring": "ring-capacity-p",
+    "padding slot -1 used as an index": "padding-slot-minus-one",
+}
+"""The planted faults the generated runs must find (the issue's list) -> :data:`MUTANTS` name."""
 
 _ROOT: Optional[str] = None
 
@@ -77,12 +115,18 @@ def package_name(name: str) -> str:
     return "kpool_mutant_" + re.sub(r"\W", "_", name)
 
 
-def apply_mutation(source: str, old: str, new: str, *, where: str = "") -> str:
-    """Replace the single occurrence of ``old`` in ``source`` by ``new``.
+def apply_mutation(source: str, old, new, *, where: str = "") -> str:
+    """Replace the single occurrence of ``old`` in ``source`` by ``new`` (or, for tuples, each
+    ``old[i]`` by ``new[i]`` in turn).
 
     Raises:
         AssertionError: ``old`` occurs zero or several times (the kernel changed: update MUTANTS).
     """
+    if isinstance(old, tuple):
+        assert isinstance(new, tuple) and len(new) == len(old), "tuple mutations need one new per old"
+        for o, n in zip(old, new):
+            source = apply_mutation(source, o, n, where=where)
+        return source
     count = source.count(old)
     assert count == 1, f"mutation substring occurs {count} times in {where or 'source'} (expected 1): {old!r}"
     return source.replace(old, new)

@@ -1,0 +1,225 @@
+"""Generated parity runs: hypothesis drives :func:`cases.strategies.batch_cases` or
+:func:`cases.strategies.engine_cases` through :func:`parity.runner.run_case` (kernel vs stateful
+reference vs whole-history oracle, lockstep, after every step), shrinks any failure to a minimal
+case and keeps it in the corpus (:mod:`cases.corpus`).
+
+Used by ``tests/test_strategies.py`` / ``tests/test_engine.py`` (the ``ci`` profile) and by
+``python -m parity run --suite generated`` (profile by device). Each example:
+
+1. runs the case, the reference side wrapped in :func:`cases.patches.checked_reference` so bad metadata is rejected
+   on both sides (parity-contract.md §5);
+2. on every ``repeat_every``-th example, runs it again and requires every kernel output and cache
+   state to be bitwise identical to the first run (determinism, public case C27);
+3. enforces the profile's net deadline (Triton compile time excluded, :class:`cases.profiles.JitClock`);
+4. adds the case to the :class:`cases.coverage.Coverage` of the run (until the first failure).
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from datetime import timedelta
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from .coverage import Coverage
+from .profiles import JitClock, Profile, current_profile, shrink_budget
+from .recording import Recorder, same_bits
+
+KINDS = ("batch", "engine")
+
+
+class ParityFailure(AssertionError):
+    """A generated case failed; carries the case and its :class:`parity.runner.CaseResult`."""
+
+    def __init__(self, case, result, message: str):
+        super().__init__(message)
+        self.case, self.result = case, result
+
+
+class NetDeadlineExceeded(AssertionError):
+    """An example took longer than the profile's net deadline (compile time excluded)."""
+
+    def __init__(self, case, net_s: float, deadline_s: float):
+        super().__init__(f"{case.case_id}: {net_s:.1f} s net of Triton compilation > deadline {deadline_s:.1f} s")
+        self.case = case
+
+
+class HarnessCrash(AssertionError):
+    """The harness itself raised (not a finding): a bug in a comparator or generator."""
+
+    def __init__(self, case, exc: BaseException):
+        super().__init__(f"harness raised {type(exc).__name__}: {exc} on {case.case_id}")
+        self.case, self.exc = case, exc
+
+
+class Nondeterministic(AssertionError):
+    """Two runs of one generated case gave different kernel bits (public case C27)."""
+
+    def __init__(self, case, diffs: List[str]):
+        super().__init__(f"nondeterministic kernel results for {case.case_id}: {diffs[:4]}")
+        self.case = case
+
+
+@dataclass
+class GeneratedOutcome:
+    """What a generated run did.
+
+    Attributes:
+        kind: ``"batch"`` or ``"engine"``. profile: profile name. examples: examples executed
+        (shrink attempts included). passed_examples: examples that passed before any failure.
+        case / result / error: the shrunk failing case, its result and the exception (``None`` when
+        every example passed). coverage: input classes of the passing examples. wall_s / jit_s:
+        wall and compile seconds. saved: corpus JSON path of the shrunk failure (if saved).
+    """
+
+    kind: str
+    profile: str
+    examples: int = 0
+    passed_examples: int = 0
+    case: object = None
+    result: object = None
+    error: Optional[BaseException] = None
+    coverage: Coverage = field(default_factory=Coverage)
+    wall_s: float = 0.0
+    jit_s: float = 0.0
+    saved: Optional[Path] = None
+
+    @property
+    def ok(self) -> bool:
+        """No failure."""
+        return self.error is None
+
+
+def failure_message(case, result, limit: int = 12) -> str:
+    """Human-readable failure: the case (one line per step) and its first failing findings."""
+    from .corpus import describe
+    lines = ["generated case failed:"] + describe(case)
+    bad = result.failures
+    cols = [c for c in ("step", "step_name", "output", "verdict", "mismatches", "row", "position", "column",
+                        "pool_id", "page", "page_row", "block", "slot", "region", "detail") if c in bad.columns]
+    lines.append(bad[cols].head(limit).to_string(index=False))
+    return "\n".join(lines)
+
+
+def _determinism_findings(first: Recorder, second: Recorder) -> List[str]:
+    """Differences between two recorded kernel runs of one case (C27)."""
+    out = []
+    for i, (a, b) in enumerate(zip(first.calls, second.calls)):
+        for what in ("out", "compressed", "tail"):
+            if not same_bits(getattr(a, what), getattr(b, what)):
+                out.append(f"step {i}: {what} differs between two identical runs")
+    if len(first.calls) != len(second.calls):
+        out.append(f"{len(first.calls)} vs {len(second.calls)} calls")
+    return out
+
+
+def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examples: Optional[int] = None,
+                  kernel_forward: Optional[Callable] = None, reference_forward: Optional[Callable] = None,
+                  check_oracle: bool = True, seed: Optional[int] = None, corpus_dir=None,
+                  corpus_info: Optional[dict] = None, repeat_every: int = 5, shrink_s: Optional[float] = None,
+                  bounds=None, collect_coverage: bool = True) -> GeneratedOutcome:
+    """Run ``examples`` generated cases of ``kind`` and shrink the first failure.
+
+    Args:
+        kind: ``"batch"`` (:func:`cases.strategies.batch_cases`) or ``"engine"``
+            (:func:`cases.strategies.engine_cases`).
+        device: kernel device (``"cpu"`` = Triton interpreter, ``"cuda"``, ``"npu"``, torch device).
+        profile: budget (default :func:`cases.profiles.current_profile`).
+        examples: override of the profile's example count.
+        kernel_forward / reference_forward: sides under test (defaults: production kernels,
+            ``reference.stateful.forward``); the reference is always wrapped in
+            :func:`cases.patches.checked_reference`.
+        check_oracle: also check reference vs whole-history oracle.
+        seed: hypothesis seed (turns derandomization off); ``None`` keeps the profile's setting.
+        corpus_dir: save the shrunk failure there (``None``: do not save).
+        corpus_info: provenance fields for the saved entry.
+        repeat_every: run every n-th passing example twice and require bitwise-identical kernel
+            results (0 = never).
+        shrink_s: shrinking budget override (default: the profile's).
+        bounds: :class:`cases.strategies.Bounds` override.
+        collect_coverage: classify passing examples (:mod:`cases.coverage`).
+
+    Returns:
+        :class:`GeneratedOutcome`.
+    Raises:
+        ValueError: unknown ``kind``.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from parity.runner import run_case
+
+    from .patches import checked_reference
+    from .strategies import batch_cases, engine_cases
+
+    prof = profile or current_profile()
+    bounds = bounds or prof.bounds
+    n = examples if examples is not None else (prof.batch_examples if kind == "batch" else prof.engine_examples)
+    strategy = batch_cases(bounds) if kind == "batch" else engine_cases(bounds)
+    reference = checked_reference(reference_forward)
+    outcome = GeneratedOutcome(kind=kind, profile=prof.name)
+    state = {"failed": False}
+    # A shrink attempt only needs its first failing step, where the runner supports stopping there.
+    early_stop = {"stop_on_failure": True} if "stop_on_failure" in inspect.signature(run_case).parameters else {}
+
+    def check(case):
+        outcome.examples += 1
+        t0 = time.perf_counter()
+        recorder = Recorder(kernel_forward) if kernel_forward is not None else None
+        with JitClock() as clock:
+            if recorder is None:
+                from kpool.indexer import forward as production
+                recorder = Recorder(production)
+            try:
+                res = run_case(case, device=device, kernel_forward=recorder, reference_forward=reference,
+                               check_oracle=check_oracle, **early_stop)
+            except Exception as exc:      # a harness bug: keep the case, shrink it like any failure
+                state["failed"] = True
+                raise HarnessCrash(case, exc) from exc
+            if not res.ok:
+                state["failed"] = True
+                raise ParityFailure(case, res, failure_message(case, res))
+            if repeat_every and not state["failed"] and outcome.passed_examples % repeat_every == 0:
+                again = Recorder(recorder.forward)
+                run_case(case, device=device, kernel_forward=again, reference_forward=reference,
+                         check_oracle=False)
+                diffs = _determinism_findings(recorder, again)
+                if diffs:
+                    state["failed"] = True
+                    raise Nondeterministic(case, diffs)
+        outcome.jit_s += clock.seconds
+        net = time.perf_counter() - t0 - clock.seconds
+        if net > prof.deadline_s:
+            state["failed"] = True
+            raise NetDeadlineExceeded(case, net, prof.deadline_s)
+        if not state["failed"]:
+            outcome.passed_examples += 1
+            if collect_coverage:
+                outcome.coverage.add(case)
+
+    test = given(strategy)(check)
+    test = settings(max_examples=n, database=None, deadline=timedelta(seconds=prof.deadline_s + prof.jit_allowance_s), report_multiple_bugs=False,
+                    derandomize=prof.derandomize and seed is None,
+                    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much])(test)
+    if seed is not None:
+        test = hypothesis_seed(seed)(test)
+    t0 = time.perf_counter()
+    with shrink_budget(prof.shrink_s if shrink_s is None else shrink_s):
+        try:
+            test()
+        except (ParityFailure, NetDeadlineExceeded, AssertionError) as exc:
+            outcome.error = exc
+            outcome.case = getattr(exc, "case", None)
+            outcome.result = getattr(exc, "result", None)
+    outcome.wall_s = time.perf_counter() - t0
+    if outcome.case is not None and corpus_dir is not None:
+        from .corpus import save_case
+        info = {"found_by": f"generated-{kind} ({prof.name} profile)",
+                "fault": str(outcome.error).splitlines()[0][:200], **(corpus_info or {})}
+        outcome.saved = save_case(outcome.case, corpus_dir, **info)
+    return outcome

@@ -1,0 +1,138 @@
+"""Serialisable metadata patches (``Step.patch_metadata`` callables) for generated and corpus
+cases (public-cases.md C05, C17; kpool-algorithm.md §3.3, §6 "FULL-mode padding").
+
+A :class:`MetadataPatch` is a frozen dataclass ``(kind, args)``, so a shrunk generated case that
+uses one can be written to the corpus as JSON and read back. Kinds:
+
+* ``"ring-block-out-of-range"`` ``(request, block, C)``: request ``request``'s ring block becomes
+  ``block`` (past the ring) and its rows' ring slots ``block * C + p % C`` (C05 (b): a main-KV
+  sized block id in the tail slot mapping). Invalid metadata: both sides must reject it with
+  :class:`kpool.errors.KPoolBlockIdError` (or a builtin base) and write nothing.
+* ``"stale-padded-lengths"`` ``(first_padded, raw_len, P)``: the zero-length padded requests
+  ``>= first_padded`` carry a stale ``raw_seq_lens = raw_len`` (``seq_lens = raw_len // P``) from
+  an earlier replay (C17 (c)). Valid metadata (the padded requests own no rows): outputs must
+  not change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+import torch
+
+PATCH_KINDS = ("ring-block-out-of-range", "stale-padded-lengths")
+
+
+@dataclass(frozen=True)
+class MetadataPatch:
+    """A named, serialisable ``fn(metadata) -> metadata`` (see the module docstring).
+
+    Raises:
+        ValueError: unknown kind (at construction).
+    """
+
+    kind: str
+    args: Tuple[int, ...]
+
+    def __post_init__(self):
+        if self.kind not in PATCH_KINDS:
+            raise ValueError(f"patch kind must be one of {PATCH_KINDS}, got {self.kind!r}")
+
+    def __call__(self, meta):
+        meta = meta.clone()
+        if self.kind == "ring-block-out-of-range":
+            r, block, C = self.args
+            meta.tail_block_table[r, 0] = block
+            cum = meta.cum_query_lens.to(torch.int64)
+            start = int(cum[r - 1]) if r > 0 else 0
+            rows = torch.arange(start, int(cum[r]))
+            meta.tail_slot_mapping[rows] = block * C + meta.positions[rows] % C
+        else:
+            first, raw_len, P = self.args
+            meta.raw_seq_lens[first:] = raw_len
+            meta.seq_lens[first:] = raw_len // P
+        return meta
+
+    def to_json(self) -> dict:
+        """``{"kind": ..., "args": [...]}``."""
+        return {"kind": self.kind, "args": list(self.args)}
+
+    @staticmethod
+    def from_json(d: dict) -> "MetadataPatch":
+        """Inverse of :meth:`to_json`."""
+        return MetadataPatch(d["kind"], tuple(int(a) for a in d["args"]))
+
+
+def check_metadata(*, positions, cum_query_lens, raw_seq_lens, seq_lens, block_table, slot_mapping,
+                   tail_block_table, tail_slot_mapping, max_pool_seq_len, index_kpool,
+                   compressed_cache, tail_cache, **_ignored) -> None:
+    """Harness-side metadata check for the reference (parity-contract.md §5: both sides reject).
+
+    An independent restatement of the metadata rules of kpool-algorithm.md §3-§4.6, §6 (the
+    reference itself never validates): ``cum_query_lens`` non-decreasing and ``<= T``;
+    ``0 <= query_len <= raw_seq_lens``; ``seq_lens == raw_seq_lens // P``;
+    ``max(seq_lens) <= max_pool_seq_len <= M * B``; live positions contiguous per request;
+    pages a request reads in ``[0, N)``; ring blocks of requests with rows in ``[0, blocks)``;
+    live slots in ``{-1} ∪ [0, N*B)`` and ring slots in ``{-1} ∪ [0, blocks*C)``.
+
+    Raises:
+        ValueError: the first rule broken. Deliberately the builtin type: parity-contract.md §5's
+            "same exception type" accepts a builtin base of the kernel's named error (the
+            reference never imports :mod:`kpool`), and a ``ValueError`` subclass of another name
+            would not match.
+    """
+    P = int(index_kpool)
+    N, B = int(compressed_cache.shape[0]), int(compressed_cache.shape[1])
+    blocks, C = int(tail_cache.shape[0]), int(tail_cache.shape[2])
+    M = int(block_table.shape[1])
+    T = int(positions.shape[0])
+    if not 0 <= int(max_pool_seq_len) <= M * B:
+        raise ValueError(f"metadata rejected: max_pool_seq_len={max_pool_seq_len} outside [0, {M * B}]")
+    cum = [int(c) for c in cum_query_lens.cpu().tolist()]
+    if not cum:
+        return
+    raw = [int(r) for r in raw_seq_lens.cpu().tolist()]
+    pools = [int(s) for s in seq_lens.cpu().tolist()]
+    pos = positions.cpu().tolist()
+    table = block_table.cpu().tolist()
+    ring = [int(row[0]) for row in tail_block_table.cpu().tolist()]
+    slots, tslots = slot_mapping.cpu().tolist(), tail_slot_mapping.cpu().tolist()
+    start = 0
+    for r, end in enumerate(cum):
+        ql = end - start
+        if start < 0 or ql < 0 or end > T:
+            raise ValueError(f"metadata rejected: cum_query_lens {cum} not non-decreasing within [0, {T}]")
+        if raw[r] < ql:
+            raise ValueError(f"metadata rejected: request {r}: raw_seq_lens {raw[r]} < query length {ql}")
+        if pools[r] != raw[r] // P:
+            raise ValueError(f"metadata rejected: request {r}: seq_lens {pools[r]} != raw // P = {raw[r] // P}")
+        if pools[r] > int(max_pool_seq_len):
+            raise ValueError(f"metadata rejected: request {r}: seq_lens {pools[r]} > max_pool_seq_len {max_pool_seq_len}")
+        for m in range(min(M, -(-pools[r] // B))):
+            if not 0 <= int(table[r][m]) < N:
+                raise ValueError(f"metadata rejected: block_table[{r}, {m}] = {table[r][m]} outside {N} pages")
+        if ql > 0 and not 0 <= ring[r] < blocks:
+            raise ValueError(f"metadata rejected: tail_block_table[{r}, 0] = {ring[r]} outside {blocks} ring blocks")
+        for i, t in enumerate(range(start, end)):
+            if int(pos[t]) != raw[r] - ql + i:
+                raise ValueError(f"metadata rejected: row {t}: position {pos[t]} != {raw[r] - ql + i}")
+            if not -1 <= int(slots[t]) < N * B:
+                raise ValueError(f"metadata rejected: slot_mapping[{t}] = {slots[t]} outside [-1, {N * B})")
+            if not -1 <= int(tslots[t]) < blocks * C:
+                raise ValueError(f"metadata rejected: tail_slot_mapping[{t}] = {tslots[t]} outside [-1, {blocks * C})")
+        start = end
+
+
+def checked_reference(forward=None):
+    """``forward`` (default ``reference.stateful.forward``) preceded by :func:`check_metadata`:
+    the reference side of a parity run that must reject bad metadata like the kernel does.
+
+    Returns a callable with the forward signature of docs/design.md."""
+    if forward is None:
+        from reference.stateful import forward
+
+    def checked(**kwargs):
+        check_metadata(**kwargs)
+        return forward(**kwargs)
+    checked.__wrapped__ = forward
+    return checked

@@ -1,0 +1,342 @@
+"""Hypothesis strategies for generated parity cases (kpool-algorithm.md §9, §11 "Harness
+scenarios"; public-cases.md: every fault kind C01..C31 must be reachable from here).
+
+Composable pieces, each bounded by a :class:`Bounds` (the profiles in :mod:`cases.profiles` pick
+one):
+
+* :func:`configs`: ``P`` in {1, 2, 4, 8, 16}, ``index_topk`` a multiple of it, heads, head dims,
+  MTP depth with ring capacity ``C >= P + spec``, score mode, tail layout.
+* :func:`value_specs` / :func:`specials`: bit-exact value families (random, exact dyadic, forced
+  ties, near-ties) and NaN / +-inf injected into q, weights, K and gate (:mod:`cases.genvalues`).
+* :func:`batch_cases`: one batch under test after a cache-only context step: mixed prefill /
+  decode / MTP rows, zero-length requests, chunk starts at every residue mod P, pool-aligned
+  prefix resumes, FULL-mode padding with stale slots and stale padded-request lengths, permuted
+  non-contiguous block tables, padded page and ring strides, caller output buffers wider than W,
+  page sizes 1..64, and (rarely) an out-of-range ring block both sides must reject (C05).
+* :func:`engine_cases`: whole engine sequences over one cache pair (:mod:`cases.engine`): admit,
+  prefill chunks, decode, MTP verify with partial acceptance and replay, FULL-mode replays with
+  padding, cache-only steps, finish and reuse of pages and ring blocks, prefix resumes.
+
+Every strategy returns :class:`cases.spec.Case` objects that :func:`parity.runner.run_case` runs
+as is. Choices are ordered so that shrinking goes to the simple end (P=4, one request, decode,
+no padding, random values).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence, Tuple
+
+from hypothesis import strategies as st
+
+from kpool.config import KPoolConfig
+from kpool.errors import KPoolBlockIdError
+
+from .engine import Action, EngineSim, FullMode
+from .genvalues import FAMILIES, SPECIAL_KINDS, SPECIAL_TENSORS, Special, ValueSpec, random_ape
+from .patches import MetadataPatch
+from .spec import Case, OutputBufferSpec
+
+KPOOLS = (4, 1, 2, 8, 16)
+"""Pool sizes, the shrink target first."""
+PAGE_SIZES = (2, 1, 3, 4, 16, 64)
+"""Pools per compressed page ``B`` (shrink target first; 64 = one page holds whole requests)."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Size limits of generated cases (the profiles of :mod:`cases.profiles` choose them).
+
+    Attributes:
+        kpools: allowed ``P``. max_topk_pools: ``K_pool = index_topk / P`` in ``[1, max]``.
+        max_heads: ``H`` in ``[1, max]``. head_dims: allowed ``D`` (powers of two).
+        max_spec: MTP depth in ``[0, max]``. max_live: requests alive at once.
+        max_steps: steps of an engine sequence (context steps of a batch case not counted).
+        max_step_tokens: live rows of one step. max_chunk: rows of one prefill chunk.
+        extra_len: request lengths reach ``K_tok + 2P + extra_len`` (visible > K_pool possible).
+        page_sizes: allowed ``B``. special_chance: percent of steps with NaN/inf injections.
+        bad_metadata_chance: percent of steps replaced by an invalid-ring-block step.
+        verify_weight: how many times "MTP verify" appears in the action menu (decode, chunk,
+            zero-length and skip appear once): MTP rejection needs a verify *and* a later step.
+        undersized_ring: plant the configuration fault of public case C21: MTP depth >= 1 with
+            ring capacity ``C = P`` (< ``P + spec``). Kernels and reference agree on it; only the
+            whole-history oracle can tell, once a rejected draft clobbered a committed ring row.
+    """
+
+    kpools: Tuple[int, ...] = KPOOLS
+    max_topk_pools: int = 2
+    max_heads: int = 2
+    head_dims: Tuple[int, ...] = (4, 1, 2, 8, 16)
+    max_spec: int = 3
+    max_live: int = 3
+    max_steps: int = 5
+    max_step_tokens: int = 40
+    max_chunk: int = 24
+    extra_len: int = 4
+    page_sizes: Tuple[int, ...] = PAGE_SIZES
+    special_chance: int = 15
+    bad_metadata_chance: int = 4
+    undersized_ring: bool = False
+    verify_weight: int = 2
+
+
+TINY = Bounds()
+"""The interpreter-sized default (H <= 2, D <= 16, <= 40 rows a step)."""
+
+
+def _chance(draw, percent: int) -> bool:
+    """True with about ``percent`` % probability; shrinks to False."""
+    return percent > 0 and draw(st.integers(0, 99)) >= 100 - percent
+
+
+# ---- configs and values ------------------------------------------------------------------------
+
+@st.composite
+def configs(draw, bounds: Bounds = TINY) -> KPoolConfig:
+    """A valid :class:`kpool.config.KPoolConfig` within ``bounds`` (ring capacity ``C`` is
+    ``P + spec`` or a little more, never less: kpool-algorithm.md §3.3)."""
+    P = draw(st.sampled_from(bounds.kpools))
+    K_pool = draw(st.integers(1, bounds.max_topk_pools))
+    H = draw(st.integers(1, bounds.max_heads))
+    D = draw(st.sampled_from(bounds.head_dims))
+    # An undersized ring can only lose a committed row with >= 2 drafts (one rejected draft
+    # lands on a slot no committed token of the open pool uses).
+    spec = draw(st.integers(2, max(2, bounds.max_spec)) if bounds.undersized_ring else st.integers(0, bounds.max_spec))
+    extra = draw(st.sampled_from((None, 1, 3)))
+    capacity = None if extra is None else P + spec + extra
+    if bounds.undersized_ring:
+        capacity = P
+    return KPoolConfig(index_n_heads=H, index_head_dim=D, index_kpool=P, index_topk=K_pool * P,
+                       num_speculative_tokens=spec, tail_ring_capacity=capacity,
+                       score_mode=draw(st.sampled_from(("relu", "merged"))),
+                       pack_tail=draw(st.sampled_from((True, False))))
+
+
+def specials(max_size: int = 2):
+    """Lists of :class:`cases.genvalues.Special` NaN / +-inf injections."""
+    one = st.builds(Special, tensor=st.sampled_from(SPECIAL_TENSORS), row=st.integers(0, 63),
+                    col=st.integers(0, 255), kind=st.sampled_from(SPECIAL_KINDS))
+    return st.lists(one, min_size=1, max_size=max_size).map(tuple)
+
+
+@st.composite
+def value_specs(draw, seed: int, pool_seed: int, family: Optional[str] = None,
+                weights_bf16: bool = False, special_chance: int = 15) -> ValueSpec:
+    """A :class:`cases.genvalues.ValueSpec` for one step (family drawn unless given)."""
+    family = family or draw(st.sampled_from(FAMILIES))
+    inject = draw(specials()) if _chance(draw, special_chance) else ()
+    return ValueSpec(family=family, seed=seed, pool_seed=pool_seed, weights_bf16=weights_bf16, specials=inject)
+
+
+# ---- one step of an engine --------------------------------------------------------------------
+
+@dataclass
+class _Ctx:
+    """Per-case drawing context."""
+
+    sim: EngineSim
+    bounds: Bounds
+    family: str
+    weights_bf16: bool
+    case_seed: int
+
+
+def _draw_actions(draw, ctx: _Ctx, kind: str):
+    """Actions of the live requests, in a drawn row order (kinds: eager, full, cache-only)."""
+    sim, spec = ctx.sim, ctx.sim.config.num_speculative_tokens
+    rids = draw(st.permutations(sorted(sim.requests)))
+    actions, budget = [], ctx.bounds.max_step_tokens
+    for rid in rids:
+        room = min(sim.max_len() - sim.requests[rid].committed, budget)
+        menu = ["decode"]
+        if kind != "full":
+            menu.append("chunk")
+        if kind != "cache-only" and spec > 0:
+            menu += ["verify"] * ctx.bounds.verify_weight
+        menu += ["zero", "skip"]
+        if room < 1:
+            menu = ["zero", "skip"]
+        what = draw(st.sampled_from(menu))
+        if what == "skip":
+            continue
+        if what == "zero":
+            actions.append(Action(rid, 0))
+        elif what == "decode":
+            actions.append(Action(rid, 1))
+        elif what == "chunk":
+            actions.append(Action(rid, draw(st.integers(1, max(1, min(room, ctx.bounds.max_chunk))))))
+        else:
+            s = draw(st.integers(1, max(1, min(spec, room - 1)))) if room > 1 else 0
+            actions.append(Action(rid, 1 + s, accepted=draw(st.integers(0, s))))
+        budget -= actions[-1].query_len
+    return actions
+
+
+def harness_handles_empty_steps() -> bool:
+    """Whether the harness runs empty batches (``T == 0`` or ``R == 0``, kpool-algorithm.md §9
+    item 3) without crashing: :func:`parity.compare.compare_indices` on a ``T == 0`` step, and
+    ``reference.stateful.forward`` returning ``[T, 1, W]`` rows (all -1) for ``R == 0, T > 0``.
+    When this was written both failed (``reshape(0, -1)``; an empty ``[0, 1, W]`` result), so
+    empty steps are generated only once both work (checked once per process)."""
+    global _EMPTY_OK
+    if _EMPTY_OK is None:
+        import torch
+        from parity import compare
+        from reference.stateful import forward
+        empty = torch.empty((0, 1, 3), dtype=torch.int32)
+        try:
+            compare.compare_indices(empty, empty.clone(), positions=torch.empty(0, dtype=torch.int64),
+                                    cum_query_lens=torch.zeros(1, dtype=torch.int32), index_topk=2,
+                                    index_kpool=2, pack_tail=True, compute_topk=True)
+            z32 = torch.zeros(0, dtype=torch.int32)
+            out = forward(k=torch.zeros(1, 2), gate=torch.zeros(1, 2), q=torch.zeros(1, 1, 2, dtype=torch.bfloat16),
+                          weights=torch.zeros(1, 1), ape=torch.zeros(2, 2),
+                          compressed_cache=torch.zeros(1, 1, 1, 2, dtype=torch.bfloat16),
+                          tail_cache=torch.zeros(1, 2, 2, 2), positions=torch.zeros(1, dtype=torch.int64),
+                          cum_query_lens=z32, raw_seq_lens=z32, seq_lens=z32,
+                          block_table=torch.zeros(0, 1, dtype=torch.int32),
+                          slot_mapping=torch.full((1,), -1, dtype=torch.int64),
+                          tail_block_table=torch.zeros(0, 1, dtype=torch.int32),
+                          tail_slot_mapping=torch.full((1,), -1, dtype=torch.int64), max_pool_seq_len=0,
+                          index_topk=2, index_kpool=2)
+            _EMPTY_OK = out is not None and tuple(out.shape) == (1, 1, 3)
+        except Exception:
+            _EMPTY_OK = False
+    return _EMPTY_OK
+
+
+_EMPTY_OK: Optional[bool] = None
+
+
+def _draw_step(draw, ctx: _Ctx, index: int, kind: Optional[str] = None) -> None:
+    """Draw and record one step of ``ctx.sim`` (module docstring of :mod:`cases.engine`)."""
+    sim, cfg = ctx.sim, ctx.sim.config
+    kind = kind or draw(st.sampled_from(("eager", "full", "cache-only")))
+    actions = _draw_actions(draw, ctx, kind)
+    full, patch, expect = None, None, None
+    if kind == "full":
+        full = FullMode(pad_rows=draw(st.integers(0, 3)), padded_requests=draw(st.integers(0, 2)),
+                        stale=draw(st.booleans()))
+    T = sum(a.query_len for a in actions) + (full.pad_rows if full else 0)
+    R = len(actions) + (full.padded_requests if full else 0)
+    if (T == 0 or R == 0) and not harness_handles_empty_steps():
+        # An empty batch would crash the harness (see harness_handles_empty_steps): decode instead.
+        rid = next((r for r in sorted(sim.requests) if sim.requests[r].committed < sim.max_len()), None)
+        if rid is None:
+            return
+        actions = [a for a in actions if a.rid != rid] + [Action(rid, 1)]
+    if full is not None:
+        if full.padded_requests and _chance(draw, 50):
+            stale_len = draw(st.integers(1, sim.max_len()))
+            patch = MetadataPatch("stale-padded-lengths", (len(actions), stale_len, cfg.index_kpool))
+    compute_topk = kind != "cache-only"
+    buf = None
+    if compute_topk and _chance(draw, 30):
+        T = sum(a.query_len for a in actions) + (full.pad_rows if full else 0)
+        buf = OutputBufferSpec(capacity=T + draw(st.integers(0, 2)),
+                               width=cfg.output_width + draw(st.integers(0, 5)),
+                               row_step=draw(st.integers(1, 2)))
+    live = [i for i, a in enumerate(actions) if a.query_len > 0]
+    if live and patch is None and _chance(draw, ctx.bounds.bad_metadata_chance):
+        r = draw(st.sampled_from(live))
+        patch = MetadataPatch("ring-block-out-of-range",
+                              (r, sim.num_ring_blocks + draw(st.integers(0, 4096)), sim.C))
+        expect = KPoolBlockIdError
+    seed = ctx.case_seed * 1000 + index + 1
+    values = draw(value_specs(seed, ctx.case_seed, ctx.family, ctx.weights_bf16, ctx.bounds.special_chance))
+    names = {"eager": "step", "full": "full-replay", "cache-only": "cache-only"}
+    sim.step(actions, name=f"{names[kind]}-{index}" + ("-bad-ring" if expect else ""),
+             compute_topk=compute_topk, full=full, output_buffer=buf, inputs=values, seed=seed,
+             patch=patch, expect_error=expect)
+
+
+def _admit(draw, ctx: _Ctx) -> int:
+    """Admit one request: fresh, or (when a live request holds complete pages) maybe a prefix resume."""
+    sim = ctx.sim
+    donors = [rid for rid in sorted(sim.requests) if sim.complete_pages(rid) > 0]
+    if donors and _chance(draw, 30):
+        src = draw(st.sampled_from(donors))
+        return sim.admit(fork_from=src, shared_pages=draw(st.integers(1, sim.complete_pages(src))))
+    return sim.admit()
+
+
+def _new_ctx(draw, bounds: Bounds):
+    cfg = draw(configs(bounds))
+    P, B = cfg.index_kpool, draw(st.sampled_from(bounds.page_sizes))
+    target = cfg.index_topk + 2 * P + bounds.extra_len
+    max_pages = max(1, -(-target // (P * B)))
+    pick = lambda n: draw(st.integers(0, n - 1))   # noqa: E731 - free-list choices, shrink to 0
+    sim = EngineSim(cfg, page_size=B, num_pages=bounds.max_live * max_pages + 2,
+                    num_ring_blocks=bounds.max_live + 1, max_pages=max_pages, pick=pick)
+    family = draw(st.sampled_from(FAMILIES))
+    ctx = _Ctx(sim, bounds, family, weights_bf16=draw(st.booleans()), case_seed=draw(st.integers(0, 2 ** 16)))
+    return ctx
+
+
+def _finish_case(draw, ctx: _Ctx, name: str, description: str) -> Case:
+    cfg, sim = ctx.sim.config, ctx.sim
+    D = cfg.index_head_dim
+    page_padding = draw(st.sampled_from((0, D + 3, 1)))
+    ring_padding = draw(st.sampled_from((0, 2 * D + 5, 1)))
+    ape = random_ape(cfg.index_kpool, D, ctx.case_seed, "exact" if ctx.family == "exact" else "random")
+    tags = tuple(f"engine:{k}={v}" for k, v in sorted(sim.events.items()))
+    return sim.build(f"{name}-{ctx.case_seed}", ape=ape, seed=ctx.case_seed,
+                     values="exact" if ctx.family == "exact" else "random", description=description,
+                     tags=(f"family:{ctx.family}",) + tags, page_padding=page_padding,
+                     ring_block_padding=ring_padding)
+
+
+@st.composite
+def batch_cases(draw, bounds: Bounds = TINY) -> Case:
+    """One batch under test (a single drawn step) after at most one cache-only context step that
+    gives its requests their cached prefixes (chunk starts at any residue mod P) and possibly a
+    prefix-resumed request. Returns a 1- or 2-step :class:`cases.spec.Case` named ``gen-batch-<seed>``."""
+    ctx = _new_ctx(draw, bounds)
+    sim = ctx.sim
+    n = draw(st.integers(1, bounds.max_live))
+    context = []
+    for _ in range(n):
+        rid = sim.admit()
+        cached = draw(st.integers(0, min(sim.max_len() - 1, bounds.max_step_tokens)))
+        if cached:
+            context.append(Action(rid, cached))
+    if context:
+        budget, kept = bounds.max_step_tokens * 2, []
+        for a in context:      # keep the context step bounded
+            if a.query_len <= budget:
+                kept.append(a)
+                budget -= a.query_len
+        sim.step(kept, name="context", compute_topk=False, seed=ctx.case_seed * 1000,
+                 inputs=ValueSpec(family=ctx.family, seed=ctx.case_seed * 1000, pool_seed=ctx.case_seed))
+        if len(sim.requests) < bounds.max_live and _chance(draw, 30):
+            _admit(draw, ctx)
+    _draw_step(draw, ctx, 1)
+    return _finish_case(draw, ctx, "gen-batch", "generated batch after a cache-only context step")
+
+
+@st.composite
+def engine_cases(draw, bounds: Bounds = TINY) -> Case:
+    """A whole engine sequence (1..``max_steps`` steps) over one cache pair: between steps
+    requests finish (pages and ring block freed for reuse) and new ones are admitted (fresh or a
+    prefix resume); each step is eager, FULL-mode replay or cache-only. Returns a
+    :class:`cases.spec.Case` named ``gen-engine-<seed>``."""
+    ctx = _new_ctx(draw, bounds)
+    sim = ctx.sim
+    # The step count as the length of a list: hypothesis draws it as "one more?" flags (mean
+    # about 3 steps) and shrinks it by deleting flags; the steps' own choices follow, and a
+    # shorter count simply leaves the trailing ones unused.
+    steps = len(draw(st.lists(st.none(), min_size=1, max_size=bounds.max_steps)))
+    for i in range(steps):
+        for rid in sorted(sim.requests):
+            if _chance(draw, 20):
+                sim.finish(rid)
+        if not sim.requests:
+            _admit(draw, ctx)
+        while len(sim.requests) < bounds.max_live and _chance(draw, 35):
+            _admit(draw, ctx)
+        _draw_step(draw, ctx, i)
+    return _finish_case(draw, ctx, "gen-engine", "generated engine sequence")
+
+
+def scaled(bounds: Bounds, **changes) -> Bounds:
+    """``bounds`` with fields replaced (profiles build theirs from :data:`TINY`)."""
+    return replace(bounds, **changes)
