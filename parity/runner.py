@@ -160,7 +160,8 @@ def backend_of(dev: torch.device) -> str:
 def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
              reference_forward: Optional[Callable] = None, check_oracle: bool = True,
              mode: str = "lockstep", repeat: int = 1, certificates: Optional[bool] = None,
-             on_step: Optional[Callable] = None, keep_outputs: int = KEEP_OUTPUT_STEPS) -> CaseResult:
+             on_step: Optional[Callable] = None, keep_outputs: int = KEEP_OUTPUT_STEPS,
+             stop_on_failure: bool = False) -> CaseResult:
     """Run every step of ``case`` on the kernel and the reference and compare them.
 
     Args:
@@ -180,6 +181,8 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
             means "unless ``case.values == "exact"``" (exact data gets no exception at all).
         on_step: optional ``fn(case, step_index, step)`` called after every step (progress bars).
         keep_outputs: keep both sides' outputs of this many failing steps (repro bundles).
+        stop_on_failure: stop after the first step with a failure finding (generated runs: a
+            shrink attempt only needs its first failing step; cases.generated).
 
     Returns:
         :class:`CaseResult`. Exceptions of either forward become findings (``crash``, or the
@@ -233,7 +236,7 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
             outputs[i] = res.outputs(i, kernel, ref)
         if on_step is not None:
             on_step(case, i, step)
-        if res.stop:
+        if res.stop or (stop_on_failure and any(cmp.is_failure(r["verdict"]) for r in res.rows)):
             break
     findings = pd.concat(frames, ignore_index=True) if frames else cmp.findings_frame([])
     return CaseResult(case=case.name, size=case.size, case_id=case.case_id, findings=findings,
