@@ -25,7 +25,7 @@ JUNIT  ?=
 PARITY_ARGS ?= $(if $(DEVICE),--device $(DEVICE)) --suite $(SUITE) --size $(SIZE) \
                $(if $(SEED),--seed $(SEED)) $(if $(REPORT),--report $(REPORT)) \
                $(if $(JUNIT),--junit $(JUNIT)) $(if $(filter-out 1,$(JOBS)),--jobs $(JOBS))
-BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE))
+BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) --size $(SIZE)
 
 # ---- pytest knobs ---------------------------------------------------------
 # xdist flags are dropped automatically if pytest-xdist is missing
@@ -59,8 +59,8 @@ test:
 
 bench:
 	@PY="$$($(BOOTSTRAP) main)"; \
-	echo "[make] $$PY -m parity bench $(strip $(BENCH_ARGS))" >&2; \
-	"$$PY" -m parity bench $(BENCH_ARGS)
+	echo "[make] $$PY -m parity.bench $(strip $(BENCH_ARGS))" >&2; \
+	"$$PY" -m parity.bench $(BENCH_ARGS)
 
 ascend-interp-env:
 	@$(BOOTSTRAP) ascend
