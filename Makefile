@@ -25,7 +25,8 @@ JUNIT  ?=
 PARITY_ARGS ?= $(if $(DEVICE),--device $(DEVICE)) --suite $(SUITE) --size $(SIZE) \
                $(if $(SEED),--seed $(SEED)) $(if $(REPORT),--report $(REPORT)) \
                $(if $(JUNIT),--junit $(JUNIT)) $(if $(filter-out 1,$(JOBS)),--jobs $(JOBS))
-BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) --size $(SIZE)
+BENCH_SIZE ?= small
+BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) --size $(BENCH_SIZE)
 
 # ---- pytest knobs ---------------------------------------------------------
 # xdist flags are dropped automatically if pytest-xdist is missing
