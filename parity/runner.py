@@ -70,7 +70,8 @@ class CaseResult:
         findings: DataFrame with :data:`parity.compare.FINDING_COLUMNS`, one row per step x
             output x class (``exact`` rows included).
         timings: DataFrame with :data:`TIMING_COLUMNS`: wall seconds of each forward per side
-            (``kernel``, ``reference``, ``oracle``).
+            (``kernel``, ``reference``, ``oracle``; ``kernel-repeat``: the extra kernel runs of
+            the determinism check, comparisons included).
         steps_run: steps executed (a crash stops the case).
         wall_s: wall seconds of the whole case.
         mode: ``lockstep`` or ``resync``; repeat: kernel runs per step (determinism check).
@@ -322,7 +323,9 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
                                side.dev)
         times[side.name] = wall
         if pristine is not None:
+            t0 = time.perf_counter()
             det_rows = _determinism(case, step, meta, inputs, ape, fn, side, pristine, (out, exc, buf), run.repeat)
+            times["kernel-repeat"] = time.perf_counter() - t0
         checks = sen.check_caches(side.caches, before, ws)
         if buf is not None:
             checks.append(buf.check(buf_before, ws.output_rows))
