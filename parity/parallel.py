@@ -149,6 +149,11 @@ def _worker_main(worker: int, device: str, tasks, results) -> None:
         from kpool.platform import resolve_device
         resolved = resolve_device(device)
         from .runner import run_case
+        # What run_case imports lazily (kernels, reference, value generators): load it now so the
+        # start-up cost is not billed to the first case's wall time.
+        import cases.values  # noqa: F401
+        import kpool.indexer  # noqa: F401
+        import reference.stateful  # noqa: F401
     except BaseException:
         results.put(("error", None, worker, traceback.format_exc()))
         return
