@@ -24,7 +24,7 @@ for j in 1 "$JOBS"; do
     rc=0
     "$PY" -m parity run --device "$DEVICE" --size "$SIZE" --jobs "$j" --failures-only \
         --report "$OUT/jobs$j" >"$OUT/jobs$j.log" 2>&1 || rc=$?
-    WALL[$j]=$(echo "$(date +%s.%N) - $t0" | bc)
+    WALL[$j]=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')
     RC[$j]=$rc
     echo "jobs=$j: exit $rc, wall ${WALL[$j]} s ($(grep -E '^(PASS|FAIL):' "$OUT/jobs$j.log" || true))"
 done
