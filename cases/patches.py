@@ -130,9 +130,12 @@ def checked_reference(forward=None):
     Returns a callable with the forward signature of docs/design.md."""
     if forward is None:
         from reference.stateful import forward
+    if getattr(forward, "__checked_metadata__", False):
+        return forward
 
     def checked(**kwargs):
         check_metadata(**kwargs)
         return forward(**kwargs)
     checked.__wrapped__ = forward
+    checked.__checked_metadata__ = True
     return checked

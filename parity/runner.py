@@ -313,7 +313,13 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
         meta, index_kpool=P, ring_capacity=C, page_size=B, num_pages=geo.num_pages,
         num_tail_blocks=geo.num_tail_blocks, compute_topk=step.compute_topk)
     results, times, det_rows = {}, {}, []
-    for side, fn in ((kernel, run.kernel_forward), (ref, run.reference_forward)):
+    ref_fn = run.reference_forward
+    if step.expect_error is not None:
+        # parity-contract.md §5, both halves: the reference never validates (it must not import
+        # kpool), so the harness checks the metadata on its side (cases.patches.check_metadata).
+        from cases.patches import checked_reference
+        ref_fn = checked_reference(ref_fn)
+    for side, fn in ((kernel, run.kernel_forward), (ref, ref_fn)):
         sen.relay_compressed_rows(side.caches, ws)
         before = sen.backing_bits(side.caches)
         pristine = side.caches.clone() if side is kernel and run.repeat > 1 else None
