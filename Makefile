@@ -17,12 +17,14 @@ export PYTHON PYTHON_ASCEND
 # ---- parity knobs ---------------------------------------------------------
 DEVICE ?=
 SIZE   ?= all
-SUITE  ?= seed
+SUITE  ?= all
+PROFILE ?=
 JOBS   ?= 1
 SEED   ?=
 REPORT ?=
 JUNIT  ?=
 PARITY_ARGS ?= $(if $(DEVICE),--device $(DEVICE)) --suite $(SUITE) --size $(SIZE) \
+               $(if $(PROFILE),--profile $(PROFILE)) \
                $(if $(SEED),--seed $(SEED)) $(if $(REPORT),--report $(REPORT)) \
                $(if $(JUNIT),--junit $(JUNIT)) $(if $(filter-out 1,$(JOBS)),--jobs $(JOBS))
 BENCH_SIZE ?= small
@@ -37,9 +39,12 @@ PYTEST_ARGS    ?= -n $(PYTEST_WORKERS) --dist loadfile
 .PHONY: help bootstrap parity test bench ascend-interp-env test-ascend-interp clean
 
 help:
-	@echo "make parity   - Triton kernels vs PyTorch reference on the seed scenarios"
-	@echo "                (DEVICE=npu|cuda|cpu SIZE=$(SIZE) SUITE=$(SUITE) SEED= REPORT=DIR JUNIT=FILE)"
-	@echo "make test     - unit tests (PYTEST_ARGS='$(PYTEST_ARGS)')"
+	@echo "make parity   - Triton kernels vs PyTorch reference: corpus of shrunk failures first, seed"
+	@echo "                scenarios, public cases C01..C31, a generated budget with coverage (SUITE=all)"
+	@echo "                (DEVICE=npu|cuda|cpu SIZE=$(SIZE) SUITE=all|corpus|seed|public|generated"
+	@echo "                 PROFILE=ci|dev|device|nightly SEED= REPORT=DIR JUNIT=FILE)"
+	@echo "make test     - corpus replay, then unit tests with the ci hypothesis profile"
+	@echo "                (HYPOTHESIS_PROFILE=ci; PYTEST_ARGS='$(PYTEST_ARGS)')"
 	@echo "make bench    - benchmarks"
 	@echo "make test-ascend-interp - interpreter_ok tests + small parity run on triton-ascend"
 	@echo "                under TRITON_INTERPRET=1 (CPU); fails if no test is marked interpreter_ok"
@@ -54,9 +59,12 @@ parity:
 	echo "[make] $$PY -m parity run $(strip $(PARITY_ARGS))" >&2; \
 	"$$PY" -m parity run $(PARITY_ARGS)
 
+# The corpus of shrunk failures is replayed first; then everything else (ci hypothesis profile
+# unless HYPOTHESIS_PROFILE says otherwise).
 test:
 	@PY="$$($(BOOTSTRAP) main)"; \
-	$(RUN_PYTEST) "$$PY" $(PYTEST_ARGS) tests
+	$(RUN_PYTEST) "$$PY" tests/test_corpus.py && \
+	$(RUN_PYTEST) "$$PY" $(PYTEST_ARGS) tests --ignore=tests/test_corpus.py
 
 bench:
 	@PY="$$($(BOOTSTRAP) main)"; \

@@ -3,7 +3,8 @@
 The device is resolved once, before any test module imports a kernel: ``--device`` (or
 ``KPOOL_DEVICE``) in {auto, npu, cuda, cpu}; ``cpu`` turns on the Triton interpreter. Markers
 ``cuda``/``npu``/``cpu`` skip tests meant for another device; ``slow`` marks GLM-size tests.
-Hypothesis profiles are registered here too (``HYPOTHESIS_PROFILE`` selects one).
+Hypothesis profiles come from :mod:`cases.profiles` (``HYPOTHESIS_PROFILE`` selects one, default
+``ci``); the ``warm_kernels`` fixture runs every kernel once before deadline-bound generated tests.
 """
 import os
 
@@ -27,15 +28,10 @@ def pytest_configure(config):
                          ("cpu", "runs only under the CPU interpreter"),
                          ("interpreter_ok", "kernel parity test that also runs under triton-ascend's interpreter")):
         config.addinivalue_line("markers", f"{marker}: {text}")
-    try:
-        from hypothesis import settings
-        settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True)
-        settings.register_profile("dev", max_examples=50, deadline=None)
-        settings.register_profile("device", max_examples=300, deadline=None)
-        settings.register_profile("nightly", max_examples=2000, deadline=None)
-        settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-    except ImportError:  # pragma: no cover - hypothesis is a core dependency
-        pass
+    # Hypothesis profiles ci/dev/device/nightly live in cases/profiles.py (shared with
+    # `python -m parity run --suite generated`); HYPOTHESIS_PROFILE selects one, default ci.
+    from cases.profiles import load_profile
+    load_profile()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -57,3 +53,11 @@ def torch_device(device):
     """The torch device tensors for the kernels must live on."""
     from kpool.platform import torch_device as to_torch_device
     return to_torch_device(device)
+
+
+@pytest.fixture(scope="session")
+def warm_kernels(device):
+    """Run every kernel once on the session device before generated tests measure deadlines
+    (:func:`cases.profiles.warm_kernels`); returns the seconds spent."""
+    from cases.profiles import warm_kernels as warm
+    return warm(device)

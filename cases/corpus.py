@@ -6,7 +6,7 @@ An entry is two files in :data:`CORPUS_DIR` (or any directory):
 
 * ``<name>.json``: the human-readable case: configuration, cache geometry, and per step the
   requests (``[cached_len, query_len, block_table, ring_block]``), FULL-mode flags, output buffer,
-  metadata patch, expected error and prefix-cache forks, plus provenance (``found_by``,
+  metadata patch, expected error, prefix-cache forks and how the values were generated, plus provenance (``found_by``,
   ``fault``: what was wrong, ``note``) and ``expect``: ``"pass"`` (the replay must pass with the
   production kernels) or ``"fail:<mutant>"`` entries that document a planted fault (replayed
   with that mutant, they must still fail; with the real kernels they must pass).
@@ -80,6 +80,8 @@ def case_to_json(case: Case, **info) -> Tuple[dict, dict]:
             "patch": step.patch_metadata.to_json() if step.patch_metadata is not None else None,
             "expect_error": _error_name(step.expect_error),
             "forks": [list(f) for f in step.forks],
+            # how the tensors in the .pt were generated (informational: replays read the tensors)
+            "values": step.inputs.to_json() if hasattr(step.inputs, "to_json") else None,
         })
         meta = step_metadata(case, step)
         tensors["inputs"].append({n: t.clone() for n, t in make_inputs(case, step, meta).items()})

@@ -114,11 +114,45 @@ def _determinism_findings(first: Recorder, second: Recorder) -> List[str]:
     return out
 
 
+def fingerprint(case) -> str:
+    """A string that identifies a generated case (configuration, layout, steps, APE bits)."""
+    import hashlib
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr((case.config, case.geometry, case.values, case.seed)).encode())
+    for s in case.steps:
+        h.update(repr((s.name, s.batch, list(s.request_ids), s.compute_topk, s.output_buffer, s.seed, s.inputs,
+                       s.patch_metadata, s.expect_error, tuple(s.forks))).encode())
+    if case.ape is not None:
+        h.update(case.ape.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _trim(outcome: GeneratedOutcome, device, kernel_forward, reference, check_oracle) -> None:
+    """Cut the shrunk case after its first failing step (lockstep: later steps cannot change it)
+    when hypothesis's time-bounded shrinking left trailing steps; keeps it only if it still fails."""
+    import dataclasses
+
+    from parity.runner import run_case
+    case, res = outcome.case, outcome.result
+    failing = sorted({int(s) for s in res.failures["step"].dropna()})
+    if not failing or failing[0] + 1 >= len(case.steps):
+        return
+    trimmed = dataclasses.replace(case, steps=list(case.steps[:failing[0] + 1]))
+    if kernel_forward is None:
+        from kpool.indexer import forward as kernel_forward
+    again = run_case(trimmed, device=device, kernel_forward=kernel_forward, reference_forward=reference,
+                     check_oracle=check_oracle)
+    if not again.ok:
+        outcome.case, outcome.result = trimmed, again
+        outcome.error = ParityFailure(trimmed, again, failure_message(trimmed, again))
+
+
 def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examples: Optional[int] = None,
                   kernel_forward: Optional[Callable] = None, reference_forward: Optional[Callable] = None,
                   check_oracle: bool = True, seed: Optional[int] = None, corpus_dir=None,
                   corpus_info: Optional[dict] = None, repeat_every: int = 5, shrink_s: Optional[float] = None,
-                  bounds=None, collect_coverage: bool = True) -> GeneratedOutcome:
+                  bounds=None, collect_coverage: bool = True,
+                  shrink_calls: Optional[int] = None) -> GeneratedOutcome:
     """Run ``examples`` generated cases of ``kind`` and shrink the first failure.
 
     Args:
@@ -136,7 +170,10 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
         corpus_info: provenance fields for the saved entry.
         repeat_every: run every n-th passing example twice and require bitwise-identical kernel
             results (0 = never).
-        shrink_s: shrinking budget override (default: the profile's).
+        shrink_s: shrinking time budget override (default: the profile's), a safety net.
+        shrink_calls: shrink attempts after the first failure that really run (default: the
+            profile's); later attempts of cases not already seen failing pass at once, so the
+            shrunk result depends on a count, not on the machine's speed.
         bounds: :class:`cases.strategies.Bounds` override.
         collect_coverage: classify passing examples (:mod:`cases.coverage`).
 
@@ -161,12 +198,26 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
     strategy = batch_cases(bounds) if kind == "batch" else engine_cases(bounds)
     reference = checked_reference(reference_forward)
     outcome = GeneratedOutcome(kind=kind, profile=prof.name)
-    state = {"failed": False}
+    state = {"failed": False, "after_failure": 0}
+    budget_calls = prof.shrink_calls if shrink_calls is None else shrink_calls
+    failing: set = set()           # fingerprints of cases seen failing (the final replay is one)
     # A shrink attempt only needs its first failing step, where the runner supports stopping there.
     early_stop = {"stop_on_failure": True} if "stop_on_failure" in inspect.signature(run_case).parameters else {}
 
     def check(case):
         outcome.examples += 1
+        if state["failed"]:
+            state["after_failure"] += 1
+            if state["after_failure"] > budget_calls and fingerprint(case) not in failing:
+                return      # shrink budget spent: treat unseen candidates as passing, cheaply
+        try:
+            run_one(case)
+        except AssertionError:
+            state["failed"] = True
+            failing.add(fingerprint(case))
+            raise
+
+    def run_one(case):
         t0 = time.perf_counter()
         recorder = Recorder(kernel_forward) if kernel_forward is not None else None
         with JitClock() as clock:
@@ -177,10 +228,8 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
                 res = run_case(case, device=device, kernel_forward=recorder, reference_forward=reference,
                                check_oracle=check_oracle, **early_stop)
             except Exception as exc:      # a harness bug: keep the case, shrink it like any failure
-                state["failed"] = True
                 raise HarnessCrash(case, exc) from exc
             if not res.ok:
-                state["failed"] = True
                 raise ParityFailure(case, res, failure_message(case, res))
             if repeat_every and not state["failed"] and outcome.passed_examples % repeat_every == 0:
                 again = Recorder(recorder.forward)
@@ -188,12 +237,10 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
                          check_oracle=False)
                 diffs = _determinism_findings(recorder, again)
                 if diffs:
-                    state["failed"] = True
                     raise Nondeterministic(case, diffs)
         outcome.jit_s += clock.seconds
         net = time.perf_counter() - t0 - clock.seconds
         if net > prof.deadline_s:
-            state["failed"] = True
             raise NetDeadlineExceeded(case, net, prof.deadline_s)
         if not state["failed"]:
             outcome.passed_examples += 1
@@ -216,6 +263,8 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
             outcome.error = exc
             outcome.case = getattr(exc, "case", None)
             outcome.result = getattr(exc, "result", None)
+    if isinstance(outcome.error, ParityFailure):
+        _trim(outcome, device, kernel_forward, reference, check_oracle)
     outcome.wall_s = time.perf_counter() - t0
     if outcome.case is not None and corpus_dir is not None:
         from .corpus import save_case

@@ -6,10 +6,10 @@ Four profiles, selected by ``HYPOTHESIS_PROFILE`` (default ``ci``) or ``--profil
 ========  =========================================  ========  ========  ============  =========
 profile   meant for                                  batches   engines   net deadline  shrinking
 ========  =========================================  ========  ========  ============  =========
-ci        CPU interpreter, CI, derandomized (fixed)  16        10        30 s          45 s
-dev       a developer's CPU run, random seed         50        30        30 s          120 s
-device    compiled kernels on a GPU/NPU              300       200       10 s          300 s
-nightly   long compiled runs, larger shapes          2000      1000      20 s          600 s
+ci        CPU interpreter, CI, derandomized (fixed)  24        16        30 s          80 calls
+dev       a developer's CPU run, random seed         50        30        30 s          400 calls
+device    compiled kernels on a GPU/NPU              300       200       10 s          1000 calls
+nightly   long compiled runs, larger shapes          2000      1000      20 s          3000 calls
 ========  =========================================  ========  ========  ============  =========
 
 Deadlines. Every profile has a finite hypothesis ``deadline`` (a hang guard of
@@ -20,9 +20,10 @@ Triton's ``jit_cache_hook`` / ``jit_post_compile_hook``), after the kernels were
 counts against an example, while a slow kernel or reference still fails the deadline. Under the
 interpreter nothing compiles and the two clocks coincide.
 
-Shrinking is bounded by ``shrink_s`` through hypothesis's documented monkeypatchable
-``MAX_SHRINKING_SECONDS`` (:func:`shrink_budget`), so a failure on CI is reported, shrunk as far
-as the budget allows, in bounded time.
+Shrinking is bounded by a count, ``shrink_calls`` (shrink attempts that really run; later ones
+pass at once, :func:`cases.generated.run_generated`), so the shrunk case is the same on a fast and
+a slow machine, and by ``shrink_s`` as a safety net through hypothesis's documented
+monkeypatchable ``MAX_SHRINKING_SECONDS`` (:func:`shrink_budget`).
 """
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ class Profile:
         deadline_s: net per-example deadline (Triton compile time excluded), seconds.
         jit_allowance_s: added to ``deadline_s`` for hypothesis's own wall-clock deadline.
         shrink_s: shrinking budget, seconds. derandomize: fixed example sequence (CI).
+        shrink_calls: shrink attempts that really run after the first failure (a count, so the
+            shrunk case does not depend on the machine's speed; ``shrink_s`` stays a safety net).
+        fault_examples / fault_shrink_s: budget of a planted-fault search (tests that a generator
+            finds a :data:`parity.mutants.PLANTED_FAULTS` entry and shrinks it).
     """
 
     name: str
@@ -62,21 +67,24 @@ class Profile:
     jit_allowance_s: float = 30.0
     shrink_s: float = 45.0
     derandomize: bool = False
+    shrink_calls: int = 120
+    fault_examples: int = 40
+    fault_shrink_s: float = 120.0
 
 
 PROFILES = {
-    "ci": Profile("ci", max_examples=20, batch_examples=16, engine_examples=10, deadline_s=30.0,
-                  shrink_s=45.0, derandomize=True),
-    "dev": Profile("dev", max_examples=50, batch_examples=50, engine_examples=30, shrink_s=120.0),
+    "ci": Profile("ci", max_examples=20, batch_examples=24, engine_examples=16, deadline_s=30.0,
+                  shrink_s=120.0, derandomize=True, shrink_calls=80, fault_examples=40, fault_shrink_s=120.0),
+    "dev": Profile("dev", max_examples=50, batch_examples=50, engine_examples=30, shrink_s=300.0, shrink_calls=400),
     "device": Profile("device", max_examples=300, batch_examples=300, engine_examples=200,
                       bounds=scaled(TINY, max_heads=8, head_dims=(16, 4, 32, 64, 128), max_topk_pools=4,
                                     max_live=4, max_steps=8, max_step_tokens=96, max_chunk=64, extra_len=12),
-                      deadline_s=10.0, jit_allowance_s=120.0, shrink_s=300.0),
+                      deadline_s=10.0, jit_allowance_s=120.0, shrink_s=300.0, shrink_calls=1000),
     "nightly": Profile("nightly", max_examples=2000, batch_examples=2000, engine_examples=1000,
                        bounds=scaled(TINY, max_heads=32, head_dims=(16, 4, 32, 64, 128), max_topk_pools=8,
                                      max_live=6, max_steps=12, max_step_tokens=256, max_chunk=160,
                                      extra_len=40),
-                       deadline_s=20.0, jit_allowance_s=300.0, shrink_s=600.0),
+                       deadline_s=20.0, jit_allowance_s=300.0, shrink_s=600.0, shrink_calls=3000),
 }
 """The four profiles (module docstring table)."""
 

@@ -100,7 +100,10 @@ def configs(draw, bounds: Bounds = TINY) -> KPoolConfig:
     D = draw(st.sampled_from(bounds.head_dims))
     # An undersized ring can only lose a committed row with >= 2 drafts (one rejected draft
     # lands on a slot no committed token of the open pool uses).
-    spec = draw(st.integers(2, max(2, bounds.max_spec)) if bounds.undersized_ring else st.integers(0, bounds.max_spec))
+    # MTP depth: the first choice (the shrink target) is 2, so MTP verify / rejection / replay
+    # are common; 0 (no MTP) is one choice of four.
+    depths = (2, 0, 1, 3) if not bounds.undersized_ring else (2, 3)
+    spec = draw(st.sampled_from([d for d in depths if d <= max(bounds.max_spec, 2 if bounds.undersized_ring else 0)]))
     extra = draw(st.sampled_from((None, 1, 3)))
     capacity = None if extra is None else P + spec + extra
     if bounds.undersized_ring:
@@ -253,7 +256,7 @@ def _admit(draw, ctx: _Ctx) -> int:
     """Admit one request: fresh, or (when a live request holds complete pages) maybe a prefix resume."""
     sim = ctx.sim
     donors = [rid for rid in sorted(sim.requests) if sim.complete_pages(rid) > 0]
-    if donors and _chance(draw, 30):
+    if donors and _chance(draw, 60):
         src = draw(st.sampled_from(donors))
         return sim.admit(fork_from=src, shared_pages=draw(st.integers(1, sim.complete_pages(src))))
     return sim.admit()
@@ -307,33 +310,39 @@ def batch_cases(draw, bounds: Bounds = TINY) -> Case:
                 budget -= a.query_len
         sim.step(kept, name="context", compute_topk=False, seed=ctx.case_seed * 1000,
                  inputs=ValueSpec(family=ctx.family, seed=ctx.case_seed * 1000, pool_seed=ctx.case_seed))
-        if len(sim.requests) < bounds.max_live and _chance(draw, 30):
+        if len(sim.requests) < bounds.max_live and _chance(draw, 70):
             _admit(draw, ctx)
     _draw_step(draw, ctx, 1)
     return _finish_case(draw, ctx, "gen-batch", "generated batch after a cache-only context step")
 
 
 @st.composite
+def _engine_step(draw, ctx: _Ctx) -> int:
+    """One engine iteration: some requests finish, some are admitted, then one step is drawn."""
+    sim, bounds = ctx.sim, ctx.bounds
+    for rid in sorted(sim.requests):
+        if _chance(draw, 20):
+            sim.finish(rid)
+    if not sim.requests:
+        _admit(draw, ctx)
+    while len(sim.requests) < bounds.max_live and _chance(draw, 35):
+        _admit(draw, ctx)
+    index = len(sim.steps)
+    _draw_step(draw, ctx, index)
+    return index
+
+
+@st.composite
 def engine_cases(draw, bounds: Bounds = TINY) -> Case:
-    """A whole engine sequence (1..``max_steps`` steps) over one cache pair: between steps
+    """A whole engine sequence (2..``max_steps`` steps) over one cache pair: between steps
     requests finish (pages and ring block freed for reuse) and new ones are admitted (fresh or a
     prefix resume); each step is eager, FULL-mode replay or cache-only. Returns a
-    :class:`cases.spec.Case` named ``gen-engine-<seed>``."""
+    :class:`cases.spec.Case` named ``gen-engine-<seed>``.
+
+    The steps are the elements of a hypothesis list (each element drawn against the engine state
+    the earlier ones left), so shrinking deletes whole steps, leading ones included."""
     ctx = _new_ctx(draw, bounds)
-    sim = ctx.sim
-    # The step count as the length of a list: hypothesis draws it as "one more?" flags (mean
-    # about 3 steps) and shrinks it by deleting flags; the steps' own choices follow, and a
-    # shorter count simply leaves the trailing ones unused.
-    steps = len(draw(st.lists(st.none(), min_size=1, max_size=bounds.max_steps)))
-    for i in range(steps):
-        for rid in sorted(sim.requests):
-            if _chance(draw, 20):
-                sim.finish(rid)
-        if not sim.requests:
-            _admit(draw, ctx)
-        while len(sim.requests) < bounds.max_live and _chance(draw, 35):
-            _admit(draw, ctx)
-        _draw_step(draw, ctx, i)
+    draw(st.lists(_engine_step(ctx), min_size=min(2, bounds.max_steps), max_size=bounds.max_steps))
     return _finish_case(draw, ctx, "gen-engine", "generated engine sequence")
 
 

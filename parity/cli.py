@@ -20,7 +20,9 @@ import time
 from typing import List, Optional, Sequence
 
 SIZES = ("small", "glm5.3-flash")
-SUITES = ("seed",)
+SUITES = ("seed", "all", "corpus", "public", "generated")
+"""``seed`` (default) runs here; the others are :mod:`cases.suites` (``all`` = corpus, seed, public
+cases with their stated values, a generated budget with coverage; what ``make parity`` runs)."""
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -47,7 +49,12 @@ def _add_run_arguments(run) -> None:
     from . import commands
     run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
                      help="kernel device; cpu = Triton interpreter (default: auto, npu > cuda > cpu)")
-    run.add_argument("--suite", default="seed", choices=SUITES, help="case suite (default: seed)")
+    run.add_argument("--suite", default="seed", choices=SUITES,
+                     help="case suite: seed (default), corpus, public, generated, or all of them in that "
+                          "order with the corpus first (cases.suites)")
+    run.add_argument("--profile", default=None, choices=("ci", "dev", "device", "nightly"),
+                     help="hypothesis profile of --suite generated/all (default: $HYPOTHESIS_PROFILE, else ci on "
+                          "cpu, device otherwise; cases.profiles)")
     run.add_argument("--size", default="small", choices=SIZES + ("all",), help="case sizes (default: small)")
     run.add_argument("--seed", type=int, default=0, help="offset added to every case and step seed (default: 0)")
     run.add_argument("--case", nargs="+", default=None, metavar="NAME",
@@ -107,7 +114,10 @@ def _run(args) -> int:
     except KPoolUnsupportedError as exc:
         print(f"python -m parity run: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    # 2. Cases.
+    # 2. Cases. Suites other than seed (corpus, public, generated, all) live in cases.suites.
+    if args.suite != "seed":
+        from cases.suites import run_suite
+        return run_suite(args, device, console, prog=f"python -m parity {args.command}")
     try:
         from cases.scenarios import seed_cases
     except ImportError as exc:

@@ -1,0 +1,55 @@
+"""Grow the corpus with the shrunk cases of the planted faults: ``python -m cases.grow [--device cpu]``.
+
+For each fault of :data:`parity.mutants.PLANTED_FAULTS`, the generator that finds it under the
+``ci`` budget (:data:`FINDERS`) runs against that mutant; the shrunk failure is written to
+``cases/corpus/planted-<mutant>.json`` + ``.pt`` with ``"expect": "fail:<mutant>"``: replayed with
+the production kernels it must pass, replayed with the mutant it must still fail
+(``tests/test_corpus.py``). Real failures found by ``--suite generated`` land in the same
+directory with ``"expect": "pass"``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+FINDERS = {"visible-off-by-one": "batch", "ring-stash-gated-on-pool-slot": "engine",
+           "ring-capacity-p": "batch", "padding-slot-minus-one": "engine"}
+"""Mutant -> the generator (``batch`` / ``engine``) whose ci budget finds it."""
+
+
+def main(argv=None) -> int:
+    """Entry point; returns the exit status (1 when a planted fault was not found)."""
+    parser = argparse.ArgumentParser(prog="python -m cases.grow", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda", "npu"))
+    parser.add_argument("--dir", default=None, help="corpus directory (default cases/corpus)")
+    args = parser.parse_args(argv)
+    from kpool.platform import resolve_device
+    device = resolve_device(None if args.device == "auto" else args.device)
+    from parity.mutants import PLANTED_FAULTS, load_mutant
+
+    from .corpus import default_directory, describe
+    from .generated import run_generated
+    from .profiles import load_profile
+    prof = load_profile("ci")
+    status = 0
+    for fault, mutant in PLANTED_FAULTS.items():
+        out = run_generated(FINDERS[mutant], device=device, profile=prof, kernel_forward=load_mutant(mutant).forward,
+                            examples=prof.fault_examples, shrink_calls=400, repeat_every=0,
+                            collect_coverage=False)
+        if out.case is None:
+            print(f"{mutant}: NOT FOUND in {out.examples} examples", file=sys.stderr)
+            status = 1
+            continue
+        from .corpus import save_case
+        verdicts = sorted(set(out.result.failures["verdict"]))
+        path = save_case(out.case, args.dir or default_directory(), name=f"planted-{mutant}",
+                         expect=f"fail:{mutant}", found_by=f"generated-{FINDERS[mutant]} (ci profile)",
+                         fault=f"planted: {fault} (parity.mutants {mutant!r}); verdicts {verdicts}",
+                         note="documents what the generators catch; passes on the production kernels")
+        print(f"{mutant}: found after {out.passed_examples} passing examples, {out.examples} run; {path}")
+        print("\n".join("  " + line for line in describe(out.case)))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
