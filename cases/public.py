@@ -1091,8 +1091,17 @@ def _c27_cases() -> List[Case]:
 
 
 def _c27_expect(runs) -> List[Check]:
+    from reference.numerics import pool_scores
     run = runs["determinism"]
-    return [Check("FULL-mode rows = eager rows", rows(run.call(2))[:4] == rows(run.call(1))),
+    out = []
+    for side, call in _sides(run, 1):
+        r = rows(call)
+        for i, v in enumerate(C27_VISIBLE):
+            pools = torch.stack([pool_row(call, i, j) for j in range(v)])
+            scores = pool_scores(call.inputs["q"][i:i + 1], call.inputs["weights"][i:i + 1], pools)[0]
+            want = sorted(torch.topk(scores, min(16, v)).indices.tolist())
+            out.append(_set_check(f"{side}: row {i} ({v} visible) = torch.topk set of its logits", r[i], want))
+    return out + [Check("FULL-mode rows = eager rows", rows(run.call(2))[:4] == rows(run.call(1))),
             Check("FULL-mode padding rows all -1", all(v == -1 for row in rows(run.call(2))[4:] for v in row)),
             Check("sparse path ran: the 300-pool row selects 16 pools",
                   len(valid(rows(run.call(1))[0])) == 16)]

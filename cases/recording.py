@@ -49,6 +49,8 @@ class Recorder:
     def __init__(self, forward: Callable):
         self.forward = forward
         self.calls: List[Call] = []
+        # A recorder of a metadata-checked reference is itself checked (cases.patches).
+        self.__checked_metadata__ = getattr(forward, "__checked_metadata__", False)
 
     def __call__(self, **kwargs):
         out, error = None, None

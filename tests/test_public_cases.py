@@ -72,7 +72,7 @@ def test_stated_values_fail_on_corrupted_outputs(cid, device):
 
 
 PLANTED = [("visible-off-by-one", "C09"), ("ring-stash-gated-on-pool-slot", "C03"),
-           ("ring-capacity-p", "C21"), ("padding-slot-minus-one", "C17"), ("tail-wrong-column", "C15"),
+           ("ring-capacity-p", "C21"), ("padding-slot-minus-one", "C17"), ("tail-wrong-column", "C07"),
            ("ape-reversed", "C31")]
 
 
