@@ -18,16 +18,19 @@ from typing import List, Optional
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 DEFAULT_BUNDLE_DIR = "bundles"
 """Bundles go here unless ``--bundle-dir`` (or ``--report DIR``: ``DIR/bundles``) says otherwise."""
-DEFAULT_REPEAT = 2
-"""Kernel forwards per step in the CLI (determinism check; ``--repeat 1`` turns it off)."""
+DEFAULT_REPEAT = {"cuda": 2, "npu": 2, "cpu": 1}
+"""Kernel forwards per step when ``--repeat`` is not given (determinism check; 1 turns it off).
+The CPU interpreter runs every program serially in numpy, so a second run there can only repeat
+the first: it would double the interpreter time of ``make parity`` for nothing."""
 
 
 def add_run_options(parser) -> None:
     """The options ``run`` and ``record`` add to the case-selection options of :mod:`parity.cli`."""
     from .metamorphic import RELATIONS
-    parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, metavar="N",
+    parser.add_argument("--repeat", type=int, default=None, metavar="N",
                         help="run the kernel N times per step from identical caches; every run must be "
-                             f"bitwise identical (default: {DEFAULT_REPEAT}; 1 = no determinism check)")
+                             "bitwise identical (default: 2 on cuda/npu, 1 on the cpu interpreter; "
+                             "1 = no determinism check)")
     parser.add_argument("--kernel", default="kpool", metavar="SPEC",
                         help="implementation under test: kpool (default), mutant:NAME (a planted fault of "
                              "parity.mutants), or package.module:function")
@@ -82,6 +85,8 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
     from .metamorphic import RELATIONS
     from .session import RunOptions, resolve_kernel, run_cases
 
+    if args.repeat is None:
+        args.repeat = DEFAULT_REPEAT.get(str(device), 2)
     if args.repeat < 1:
         print(f"{prog}: error: --repeat must be >= 1", file=sys.stderr)
         return EXIT_USAGE
