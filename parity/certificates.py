@@ -95,14 +95,14 @@ def fp32_ulp(x: np.ndarray) -> np.ndarray:
 
 def bf16_bits_to_f64(bits: torch.Tensor) -> np.ndarray:
     """float64 values of int16 bf16 bit patterns (any shape)."""
-    b = bits.to(torch.int32) & 0xFFFF
+    b = bits.cpu().to(torch.int32) & 0xFFFF
     return (b << 16).view(torch.float32).to(torch.float64).numpy()
 
 
 def bf16_order_key(bits: torch.Tensor) -> torch.Tensor:
     """int32 key, monotone in the bf16 value: adjacent representable values differ by 1
     (``+0`` and ``-0`` share key 0)."""
-    b = bits.to(torch.int32) & 0xFFFF
+    b = bits.cpu().to(torch.int32) & 0xFFFF
     return torch.where(b >= 0x8000, -(b & 0x7FFF), b)
 
 
@@ -265,7 +265,7 @@ def certify_rounding_boundaries(kernel_bits: torch.Tensor, reference_bits: torch
             reasons.append(f"page={page} row={prow} ch={ch}: row not written this step, no window")
             continue
         if (page, prow) not in y_of_row:
-            y_of_row[(page, prow)] = pooled_value_f64(win.k.numpy(), win.gate.numpy(), ape.numpy())
+            y_of_row[(page, prow)] = pooled_value_f64(win.k.cpu().numpy(), win.gate.cpu().numpy(), ape.numpy())
         y64 = float(y_of_row[(page, prow)][ch])
         mid = 0.5 * (kv[n] + rv[n])
         ulp = float(fp32_ulp(np.array([y64]))[0])
@@ -333,7 +333,8 @@ def row_scores_f64(ctx: TieContext, t: int, cache: torch.Tensor):
     bt = ctx.host("block_table")[r]
     M = int(bt.shape[0])
     pages = [min(max(int(bt[min(j // B, M - 1)]), 0), N - 1) for j in range(v)]
-    c = cache[pages, [j % B for j in range(v)], 0].to(torch.float64).numpy() if v else np.zeros((0, D))
+    # The kernel side's cache lives on the device: gather there, compute on the host.
+    c = cache[pages, [j % B for j in range(v)], 0].cpu().to(torch.float64).numpy() if v else np.zeros((0, D))
     q = ctx.host("q")[t].to(torch.float64).numpy()                    # [H, D]
     w = ctx.host("weights")[t].to(torch.float64).numpy()              # [H]
     if ctx.score_mode == "relu":

@@ -12,6 +12,7 @@ Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_certificates.py``.
 """
 from __future__ import annotations
 
+import os
 import dataclasses
 
 import numpy as np
@@ -39,7 +40,7 @@ def _reference_forward():
 
 def _run(case, kernel, **kw):
     from parity.runner import run_case
-    return run_case(case, device="cpu", kernel_forward=kernel, **kw)
+    return run_case(case, device=os.environ.get("KPOOL_DEVICE", "cpu"), kernel_forward=kernel, **kw)
 
 
 # --------------------------------------------------------------------------- §3.1 unit level
