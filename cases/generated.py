@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import warnings
 from datetime import timedelta
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,7 @@ class GeneratedOutcome:
         case / result / error: the shrunk failing case, its result and the exception (``None`` when
         every example passed). coverage: input classes of the passing examples. wall_s / jit_s:
         wall and compile seconds. saved: corpus JSON path of the shrunk failure (if saved).
+        notes: hypothesis's own report lines (falsifying example, reproduce blob, shrink notes).
     """
 
     kind: str
@@ -84,6 +86,7 @@ class GeneratedOutcome:
     wall_s: float = 0.0
     jit_s: float = 0.0
     saved: Optional[Path] = None
+    notes: List[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -186,6 +189,7 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
+    from hypothesis.reporting import with_reporter
 
     from parity.runner import run_case
 
@@ -256,7 +260,10 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
     if seed is not None:
         test = hypothesis_seed(seed)(test)
     t0 = time.perf_counter()
-    with shrink_budget(prof.shrink_s if shrink_s is None else shrink_s):
+    with shrink_budget(prof.shrink_s if shrink_s is None else shrink_s), warnings.catch_warnings(), \
+            with_reporter(outcome.notes.append):
+        # NaN / inf inputs make the interpreter's NumPy ops warn; the results are what is checked.
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         try:
             test()
         except (ParityFailure, NetDeadlineExceeded, AssertionError) as exc:

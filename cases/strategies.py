@@ -55,8 +55,10 @@ class Bounds:
         extra_len: request lengths reach ``K_tok + 2P + extra_len`` (visible > K_pool possible).
         page_sizes: allowed ``B``. special_chance: percent of steps with NaN/inf injections.
         bad_metadata_chance: percent of steps replaced by an invalid-ring-block step.
-        verify_weight: how many times "MTP verify" appears in the action menu (decode, chunk,
-            zero-length and skip appear once): MTP rejection needs a verify *and* a later step.
+        verify_weight / chunk_weight: how many times "MTP verify" / "prefill chunk" appear in the
+            action menu (decode, zero-length and skip appear once): MTP rejection needs a verify
+            *and* a later step; most prefill faults need a multi-row chunk.
+        step_kinds: the menu of step kinds (repeat one to weight it; the first is the shrink target).
         undersized_ring: plant the configuration fault of public case C21: MTP depth >= 1 with
             ring capacity ``C = P`` (< ``P + spec``). Kernels and reference agree on it; only the
             whole-history oracle can tell, once a rejected draft clobbered a committed ring row.
@@ -77,6 +79,8 @@ class Bounds:
     bad_metadata_chance: int = 4
     undersized_ring: bool = False
     verify_weight: int = 2
+    chunk_weight: int = 2
+    step_kinds: Tuple[str, ...] = ("eager", "full", "cache-only")
 
 
 TINY = Bounds()
@@ -152,7 +156,7 @@ def _draw_actions(draw, ctx: _Ctx, kind: str):
         room = min(sim.max_len() - sim.requests[rid].committed, budget)
         menu = ["decode"]
         if kind != "full":
-            menu.append("chunk")
+            menu += ["chunk"] * ctx.bounds.chunk_weight
         if kind != "cache-only" and spec > 0:
             menu += ["verify"] * ctx.bounds.verify_weight
         menu += ["zero", "skip"]
@@ -213,7 +217,7 @@ _EMPTY_OK: Optional[bool] = None
 def _draw_step(draw, ctx: _Ctx, index: int, kind: Optional[str] = None) -> None:
     """Draw and record one step of ``ctx.sim`` (module docstring of :mod:`cases.engine`)."""
     sim, cfg = ctx.sim, ctx.sim.config
-    kind = kind or draw(st.sampled_from(("eager", "full", "cache-only")))
+    kind = kind or draw(st.sampled_from(ctx.bounds.step_kinds))
     actions = _draw_actions(draw, ctx, kind)
     full, patch, expect = None, None, None
     if kind == "full":
@@ -299,7 +303,11 @@ def batch_cases(draw, bounds: Bounds = TINY) -> Case:
     context = []
     for _ in range(n):
         rid = sim.admit()
-        cached = draw(st.integers(0, min(sim.max_len() - 1, bounds.max_step_tokens)))
+        # Cached length as whole pools plus a residue drawn on its own, so chunk starts hit every
+        # residue mod P (kpool-algorithm.md §9 item 10) about equally often.
+        limit = min(sim.max_len() - 1, bounds.max_step_tokens)
+        P = sim.P
+        cached = min(limit, P * draw(st.integers(0, limit // P)) + draw(st.integers(0, P - 1)))
         if cached:
             context.append(Action(rid, cached))
     if context:
@@ -312,7 +320,10 @@ def batch_cases(draw, bounds: Bounds = TINY) -> Case:
                  inputs=ValueSpec(family=ctx.family, seed=ctx.case_seed * 1000, pool_seed=ctx.case_seed))
         if len(sim.requests) < bounds.max_live and _chance(draw, 70):
             _admit(draw, ctx)
-    _draw_step(draw, ctx, 1)
+    # The batch under test is mostly scored (the context step already updated caches only) and
+    # mostly prefill chunks: most prefill faults need a multi-row chunk.
+    ctx.bounds = replace(bounds, chunk_weight=max(bounds.chunk_weight, 4))
+    _draw_step(draw, ctx, 1, kind=draw(st.sampled_from(("eager", "full", "eager", "cache-only"))))
     return _finish_case(draw, ctx, "gen-batch", "generated batch after a cache-only context step")
 
 

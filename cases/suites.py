@@ -114,7 +114,7 @@ def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine")
     except KeyError as exc:
         console.print(escape(str(exc)))
         return EXIT_USAGE
-    warm = warm_kernels(device)
+    warm = warm_kernels(device, kpools=prof.bounds.kpools, score_modes=("relu", "merged"))
     console.print(f"[bold]generated[/]: profile {prof.name} ({prof.batch_examples} batches, {prof.engine_examples} "
                   f"engine sequences; net deadline {prof.deadline_s:g} s excluding Triton compilation; kernels "
                   f"warmed in {warm:.1f} s)")
