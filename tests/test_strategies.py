@@ -189,6 +189,47 @@ def test_ring_block_patch_and_stale_lengths():
         MetadataPatch("unknown", ())
 
 
+def _forward_kwargs(cfg, meta, *, N=8, B=2, blocks=3):
+    T, H, D = meta.num_tokens, cfg.index_n_heads, cfg.index_head_dim
+    return dict(k=torch.zeros(T, D), gate=torch.zeros(T, D), q=torch.zeros(T, H, D, dtype=torch.bfloat16),
+                weights=torch.zeros(T, H), ape=torch.zeros(cfg.index_kpool, D),
+                compressed_cache=torch.empty(N, B, 1, D, dtype=torch.bfloat16),
+                tail_cache=torch.empty(blocks, 2, cfg.ring_capacity, D), **meta.forward_kwargs(),
+                index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, score_mode=cfg.score_mode,
+                compute_topk=True, output_buffer=None)
+
+
+def _bad(meta, field, index, value):
+    meta = meta.clone()
+    getattr(meta, field)[index] = value
+    return meta
+
+
+def test_reference_side_metadata_check_rejects_what_the_kernel_rejects():
+    """cases.patches.check_metadata (the harness's reference-side check, parity-contract.md §5)
+    passes valid metadata and rejects each kind of bad metadata the kernel's validation rejects."""
+    from kpool.errors import KPoolMetadataError
+    from kpool.validation import validate_forward
+    cfg = KPoolConfig(index_n_heads=1, index_head_dim=4, index_kpool=4, index_topk=8)
+    meta = _meta(cfg, [(0, 9, [0, 1, 2], 1), (5, 3, [3, 4], 0)])
+    check_metadata(**_forward_kwargs(cfg, meta))
+    bad = {
+        "ring block": MetadataPatch("ring-block-out-of-range", (1, 3, 4))(meta),
+        "ring slot": _bad(meta, "tail_slot_mapping", 2, 12),
+        "compressed slot": _bad(meta, "slot_mapping", 3, 16),
+        "page": _bad(meta, "block_table", (0, 0), 8),
+        "seq_lens": _bad(meta, "seq_lens", 0, 3),
+        "position": _bad(meta, "positions", 4, 7),
+        "raw < query": _bad(_bad(meta, "raw_seq_lens", 1, 2), "seq_lens", 1, 0),
+    }
+    for what, m in bad.items():
+        kw = _forward_kwargs(cfg, m)
+        with pytest.raises(ValueError, match="metadata rejected"):
+            check_metadata(**kw)
+        with pytest.raises(KPoolMetadataError):
+            validate_forward(**kw)
+
+
 # ---- generated runs (the ci budget) -------------------------------------------------------------
 
 def test_generated_batches_pass_and_report_coverage(device, warm_kernels, capsys):
