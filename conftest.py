@@ -30,7 +30,10 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{marker}: {text}")
     # Hypothesis profiles ci/dev/device/nightly live in cases/profiles.py (shared with
     # `python -m parity run --suite generated`); HYPOTHESIS_PROFILE selects one, default ci.
-    from cases.profiles import load_profile
+    try:
+        from cases.profiles import load_profile
+    except ImportError:  # pragma: no cover - hypothesis is a core dependency
+        return
     load_profile()
 
 

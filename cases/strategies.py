@@ -20,6 +20,29 @@ one):
 Every strategy returns :class:`cases.spec.Case` objects that :func:`parity.runner.run_case` runs
 as is. Choices are ordered so that shrinking goes to the simple end (P=4, one request, decode,
 no padding, random values).
+
+Where each public fault kind is reachable (``cases.public`` holds the named cases):
+
+====  ==========================================================================================
+C01   decodes and chunks completing pools from ring rows (engine steps; ring stash vs pool slot)
+C03   ``ring_block_padding`` / ``page_padding`` drawn per case: strided, non-contiguous views
+C05   ``ring-block-out-of-range`` patch steps (``bad_metadata_chance``): both sides reject
+C07   rows with 0 < visible < K_pool next to long rows; caller buffers prefilled with sentinels
+C09   multi-row prefill chunks at every residue (own incomplete pool never visible)
+C11   several requests per batch with non-aligned boundaries, permuted row order
+C13   ``ties`` / ``near-ties`` value families: bitwise ties at and inside the top-k boundary
+C15   ragged MTP verify lengths per request in one step, eager and FULL
+C17   FULL replays: padding rows with -1 or stale positive ring slots, padded requests with
+      stale lengths (``stale-padded-lengths``)
+C19   consecutive FULL replays whose block tables and ring blocks change (reuse after finish)
+C21   MTP verify with partial acceptance then replay (``C = P + spec``; ``undersized_ring``
+      plants the configuration fault the oracle must catch)
+C23   permuted request order every step; determinism re-runs (``cases.generated``)
+C25   ``near-ties`` family; random gate/APE pooling
+C27   every few examples the kernel runs twice and must repeat every bit
+C29   visible counts below, at and above K_pool; K_pool up to 8 in the nightly profile
+C31   random per-channel gate and APE in every family but ``exact``; ring vs input windows
+====  ==========================================================================================
 """
 from __future__ import annotations
 
