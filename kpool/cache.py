@@ -112,24 +112,26 @@ def allocate_caches(config: KPoolConfig, *, num_pages: int, page_size: int, num_
         raise KPoolShapeError("paddings and guard must be >= 0")
     page_stride = page_size * D + page_padding
     cb = torch.empty(2 * guard + num_pages * page_stride, dtype=torch.int16, device=device)
-    cb.fill_(_as_int16(fill_bf16_bits))
+    cb.fill_(as_int16(fill_bf16_bits))
     cb = cb.view(torch.bfloat16)
     compressed = cb.as_strided((num_pages, page_size, 1, D), (page_stride, D, D, 1), guard)
 
     block_stride = 2 * C * D + ring_block_padding
     tb = torch.empty(2 * guard + num_tail_blocks * block_stride, dtype=torch.int32, device=device)
-    tb.fill_(_as_int32(fill_fp32_bits))
+    tb.fill_(as_int32(fill_fp32_bits))
     tb = tb.view(torch.float32)
     tail = tb.as_strided((num_tail_blocks, 2, C, D), (block_stride, C * D, D, 1), guard)
     return KPoolCaches(compressed_cache=compressed, tail_cache=tail, compressed_backing=cb, tail_backing=tb)
 
 
-def _as_int16(bits: int) -> int:
+def as_int16(bits: int) -> int:
+    """A 16-bit pattern as the signed int16 value torch fills with."""
     bits &= 0xFFFF
     return bits - 0x10000 if bits >= 0x8000 else bits
 
 
-def _as_int32(bits: int) -> int:
+def as_int32(bits: int) -> int:
+    """A 32-bit pattern as the signed int32 value torch fills with."""
     bits &= 0xFFFFFFFF
     return bits - 0x100000000 if bits >= 0x80000000 else bits
 

@@ -495,6 +495,23 @@ def _localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.dev
             note(r, f"{what} not written this step: difference inherited from an earlier step")
 
     import bisect
+
+    def cache_writer(r, t, kernel_name):
+        # Token row t wrote this cache element: locate it, and name the program of the
+        # cache-update launch (compress and ring write share the row tiling) that ran it.
+        nonlocal cap
+        r.setdefault("row", t)
+        r.setdefault("position", pos[t])
+        r.setdefault("request", bisect.bisect_right(cum, t))
+        if pkg is None:
+            return
+        if cap is None:
+            cap = program(programs.grid_cap, backend, dev)
+        pid = program(programs.cache_update_program, t, num_live=t_live, head_dim=D,
+                      backend=backend, cap=cap) if cap else None
+        if pid is not None:
+            r["kernel"], r["program_id"] = kernel_name, pid
+
     for r in rows:
         out, kernel_side = r["output"], ("[reference]" not in r["output"] and r["output"] != ORACLE_OUTPUT)
         if not kernel_side or r["verdict"] == "exact":
@@ -506,17 +523,8 @@ def _localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.dev
             if t is None:
                 stale_writer(r, lambda t: slots[t] == slot, "compressed row")
             else:
-                r.setdefault("row", t)
-                r.setdefault("position", pos[t])
-                r.setdefault("request", bisect.bisect_right(cum, t))
                 r.setdefault("pool_id", pos[t] // P)
-                if pkg is not None:
-                    if cap is None:
-                        cap = program(programs.grid_cap, backend, dev)
-                    pid = program(programs.cache_update_program, t, num_live=t_live, head_dim=D,
-                                  backend=backend, cap=cap) if cap else None
-                    if pid is not None:
-                        r["kernel"], r["program_id"] = "compress", pid
+                cache_writer(r, t, "compress")
         elif r.get("block") is not None and r.get("slot") is not None and r.get("region", "view") == "view" \
                 and ("ring" in out or out == DETERMINISM_OUTPUT):
             tslot = r["block"] * C + r["slot"]
@@ -524,16 +532,7 @@ def _localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.dev
             if t is None:
                 stale_writer(r, lambda t: tslots[t] == tslot, "ring row")
             else:
-                r.setdefault("row", t)
-                r.setdefault("position", pos[t])
-                r.setdefault("request", bisect.bisect_right(cum, t))
-                if pkg is not None:
-                    if cap is None:
-                        cap = program(programs.grid_cap, backend, dev)
-                    pid = program(programs.cache_update_program, t, num_live=t_live, head_dim=D,
-                                  backend=backend, cap=cap) if cap else None
-                    if pid is not None:
-                        r["kernel"], r["program_id"] = "ring_write", pid
+                cache_writer(r, t, "ring_write")
         elif r.get("row") is not None and r.get("column") is not None and pkg is not None \
                 and r.get("region", "view") == "view" \
                 and (out == "indices" or out.startswith("sentinel:output_buffer") or out == DETERMINISM_OUTPUT):

@@ -26,6 +26,8 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from kpool.cache import as_int16, as_int32
+
 BF16_SENTINEL_BITS = 0x7FA5
 """Sentinel of the bf16 compressed cache, as the int16 bit pattern (a NaN payload)."""
 FP32_SENTINEL_BITS = 0x7FA5A5A5
@@ -39,18 +41,10 @@ DEFAULT_GUARD_COLS = 2
 """Output-buffer guard columns after ``width`` (the kernel view is ``[:, :width]``)."""
 
 
-def _as_int16(bits: int) -> int:
-    bits &= 0xFFFF
-    return bits - 0x10000 if bits >= 0x8000 else bits
 
 
-def _as_int32(bits: int) -> int:
-    bits &= 0xFFFFFFFF
-    return bits - 0x100000000 if bits >= 0x80000000 else bits
-
-
-BF16_SENTINEL_INT16 = _as_int16(BF16_SENTINEL_BITS)
-FP32_SENTINEL_INT32 = _as_int32(FP32_SENTINEL_BITS)
+BF16_SENTINEL_INT16 = as_int16(BF16_SENTINEL_BITS)
+FP32_SENTINEL_INT32 = as_int32(FP32_SENTINEL_BITS)
 
 
 # --------------------------------------------------------------------------- write sets
