@@ -74,7 +74,12 @@ def run_public_suite(args, device: str, console) -> int:
     from parity import report
 
     from .public import PUBLIC_CASES
-    wanted = [c for c in (args.case or []) if c in PUBLIC_CASES] if args.suite == "public" else []
+    wanted = list(args.case or []) if args.suite == "public" else []
+    unknown = [c for c in wanted if c not in PUBLIC_CASES]
+    if unknown:   # a typo must not silently run (and pass) every public case
+        console.print(f"python -m parity run: error: unknown public case(s) {unknown}; "
+                      f"known: {', '.join(PUBLIC_CASES)}", markup=False)
+        return EXIT_USAGE
     selected = [PUBLIC_CASES[c] for c in wanted] or list(PUBLIC_CASES.values())
     console.print(f"[bold]public[/]: {len(selected)} public failure cases on {device}")
     from .public import public_results

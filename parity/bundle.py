@@ -219,8 +219,11 @@ def bundle_name(case) -> str:
 
 
 def replay_command(directory: str) -> str:
-    """The one-line command that replays a bundle."""
-    return f"python -m parity replay {shlex.quote(os.path.relpath(directory) if not os.path.isabs(directory) else directory)}"
+    """The one-line command that replays a bundle, with this interpreter (a bare ``python`` may
+    not be the one that has torch and the harness)."""
+    import sys
+    target = os.path.relpath(directory) if not os.path.isabs(directory) else directory
+    return f"{shlex.quote(sys.executable)} -m parity replay {shlex.quote(target)}"
 
 
 def write_bundle(result, case, directory: str, *, options, env: Optional[dict] = None) -> str:

@@ -97,7 +97,8 @@ def select_cases(cases: Sequence, names: Optional[Sequence[str]]) -> List:
     known = {c.name for c in cases} | {c.case_id for c in cases}
     unknown = sorted(wanted - known)
     if unknown:
-        raise KeyError(f"unknown case(s) {unknown}; available: {sorted({c.name for c in cases})}")
+        hint = "; public cases C01..C31 need --suite public" if any(u.upper().startswith("C") for u in unknown) else ""
+        raise KeyError(f"unknown case(s) {unknown}; available: {sorted({c.name for c in cases})}{hint}")
     return [c for c in cases if c.name in wanted or c.case_id in wanted]
 
 

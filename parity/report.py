@@ -253,7 +253,8 @@ def write_report(df: pd.DataFrame, directory: Union[str, os.PathLike], *,
     md.append("")
     if bundles:
         md += ["## Repro bundles", ""]
-        md += [f"- {cid}: `python -m parity replay {path}`" for cid, path in bundles.items()]
+        from .bundle import replay_command
+        md += [f"- {cid}: `{replay_command(path)}`" for cid, path in bundles.items()]
         md.append("")
     md += ["## Failures", ""]
     md.append(_markdown_table(fails, list(REPORT_COLUMNS) + ["detail"]) if len(fails) else "No failures.")
@@ -289,7 +290,8 @@ def write_junit(df: pd.DataFrame, path: Union[str, os.PathLike], *,
                     fail = ET.SubElement(tc, "failure", message=r["verdict"], type=str(output))
                     text = f"{r['mismatches']} mismatches; {r['first_mismatch']}; {r['detail'] or ''}"
                     if bundles and cid in bundles:
-                        text += f"\nrepro: python -m parity replay {bundles[cid]}"
+                        from .bundle import replay_command
+                        text += f"\nrepro: {replay_command(bundles[cid])}"
                     fail.text = text
                 elif r["verdict"] != "exact":
                     notes.append(f"{r['verdict']}: {r['mismatches']} elements; {r['first_mismatch']}; {r['detail'] or ''}")

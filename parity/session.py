@@ -65,8 +65,11 @@ def resolve_kernel(spec: str) -> Callable:
         from kpool.indexer import forward
         return forward
     if spec.startswith("mutant:"):
-        from .mutants import load_mutant
-        return load_mutant(spec.split(":", 1)[1]).forward
+        from .mutants import MUTANTS, load_mutant
+        name = spec.split(":", 1)[1]
+        if name not in MUTANTS:
+            raise KeyError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
+        return load_mutant(name).forward
     if ":" not in spec:
         raise ValueError(f"kernel spec must be 'kpool', 'mutant:NAME' or 'module:function', got {spec!r}")
     module, name = spec.split(":", 1)

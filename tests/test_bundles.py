@@ -48,7 +48,7 @@ def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path):
         ["README.md", "case.json", "environment.json", "findings.csv", "findings.json", "inputs.pt", "outputs.pt"])
     b = bundle.load_bundle(path)
     assert b.case.case_id == case.case_id and b.options.mode == "resync" and b.options.kernel == FAULT
-    assert b.data["first_divergent_step"] == 1 and b.data["command"] == f"python -m parity replay {path}"
+    assert b.data["first_divergent_step"] == 1 and b.data["command"] == f"{sys.executable} -m parity replay {path}"
     # the exact inputs and metadata of every step
     from cases.values import make_inputs
     from kpool.metadata import build_metadata
@@ -74,7 +74,7 @@ def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path):
     assert env["torch"] == torch.__version__ and env["device_name"] == "Triton interpreter (CPU)"
     assert env["git"]["revision"] is None or len(env["git"]["revision"]) == 40
     readme = open(os.path.join(path, "README.md")).read()
-    assert f"python -m parity replay {path}" in readme and "cache-mismatch" in readme
+    assert f"-m parity replay {path}" in readme and "cache-mismatch" in readme
 
 
 def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path):
@@ -98,7 +98,7 @@ def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path):
                    "--report", "rep", "--junit", "rep/junit.xml", "--failures-only", "--no-oracle", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rel = os.path.join("rep", "bundles", "prefill-tail-small")
-    assert f"reproduce with python -m parity replay {rel}" in proc.stdout
+    assert f"-m parity replay {rel}" in proc.stdout
     assert os.path.isfile(tmp_path / rel / "case.json")
     junit = ET.parse(tmp_path / "rep" / "junit.xml").getroot()
     df = pd.read_csv(tmp_path / "rep" / "results.csv")

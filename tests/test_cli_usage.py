@@ -1,0 +1,21 @@
+"""Usage errors exit 2 with a message that says what is known, and never run anything."""
+import pytest
+
+from parity.cli import main
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "--device", "cpu", "--suite", "public", "--case", "nosuch"], "unknown public case"),
+    (["run", "--device", "cpu", "--kernel", "mutant:nope", "--case", "decode-tail"], "known: visible-off-by-one"),
+    (["run", "--device", "cpu", "--case", "C05"], "need --suite public"),
+])
+def test_usage_errors_exit_2_and_name_the_alternatives(argv, needle, capsys):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert needle in captured.out + captured.err
+
+
+def test_replay_command_uses_this_interpreter():
+    import sys
+    from parity.bundle import replay_command
+    assert replay_command("bundles/x").startswith(sys.executable)
