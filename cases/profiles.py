@@ -54,8 +54,8 @@ class Profile:
         shrink_s: shrinking budget, seconds. derandomize: fixed example sequence (CI).
         shrink_calls: shrink attempts that really run after the first failure (a count, so the
             shrunk case does not depend on the machine's speed; ``shrink_s`` stays a safety net).
-        fault_examples / fault_shrink_s: budget of a planted-fault search (tests that a generator
-            finds a :data:`parity.mutants.PLANTED_FAULTS` entry and shrinks it).
+        fault_examples / fault_shrink_calls / fault_shrink_s: budget of a planted-fault search
+            (tests that a generator finds a :data:`parity.mutants.PLANTED_FAULTS` entry and shrinks it).
     """
 
     name: str
@@ -69,12 +69,14 @@ class Profile:
     derandomize: bool = False
     shrink_calls: int = 120
     fault_examples: int = 40
+    fault_shrink_calls: int = 120
     fault_shrink_s: float = 120.0
 
 
 PROFILES = {
     "ci": Profile("ci", max_examples=20, batch_examples=24, engine_examples=16, deadline_s=30.0,
-                  shrink_s=120.0, derandomize=True, shrink_calls=80, fault_examples=40, fault_shrink_s=120.0),
+                  shrink_s=120.0, derandomize=True, shrink_calls=80, fault_examples=40, fault_shrink_calls=50,
+                  fault_shrink_s=120.0),
     "dev": Profile("dev", max_examples=50, batch_examples=50, engine_examples=30, shrink_s=300.0, shrink_calls=400),
     # Compiled profiles keep the compile-relevant choices (P, H, D) to a few values: every new
     # (P, H, D, score mode, weight dtype, tile) combination is a Triton compilation.

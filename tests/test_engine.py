@@ -139,8 +139,9 @@ def test_planted_fault_found_by_engine_sequences_and_shrunk(name, device, warm_k
 
     mutant = load_mutant(name)
     prof = current_profile()
+    # within the ci budget of generated engine sequences: the same example count as the passing run
     out = run_generated("engine", device=device, kernel_forward=mutant.forward, repeat_every=0,
-                        collect_coverage=False, examples=prof.fault_examples, shrink_s=prof.fault_shrink_s,
+                        collect_coverage=False, examples=prof.engine_examples, shrink_s=prof.fault_shrink_s, shrink_calls=prof.fault_shrink_calls,
                         corpus_dir=tmp_path, corpus_info={"expect": f"fail:{name}"})
     assert isinstance(out.error, ParityFailure), out.error
     print("\n".join(describe(out.case)))
