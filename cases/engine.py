@@ -22,7 +22,7 @@ the caller supplies (hypothesis draws in :mod:`cases.strategies`, a ``random.Ran
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch

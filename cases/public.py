@@ -23,7 +23,7 @@ copied in place (:meth:`kpool.metadata.KPoolMetadata.copy_`) into fixed buffers 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch

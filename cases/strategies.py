@@ -47,7 +47,7 @@ C31   random per-channel gate and APE in every family but ``exact``; ring vs inp
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 from hypothesis import strategies as st
 

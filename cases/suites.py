@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import List, Optional
+from typing import List
 
 SUITES = ("all", "corpus", "seed", "public", "generated")
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2

@@ -16,7 +16,6 @@ Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_engine.py``.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from cases.engine import Action, EngineSim, FullMode
 from cases.genvalues import ValueSpec

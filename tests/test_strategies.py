@@ -16,7 +16,6 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from cases import genvalues as gv
 from cases.patches import MetadataPatch, check_metadata
