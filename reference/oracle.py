@@ -93,7 +93,7 @@ class HistoryOracle:
             num_cache_slots: optional ``N * B``; slots ``>= num_cache_slots`` write nothing.
 
         Returns:
-            :class:`OracleStep`. ``T == 0`` or ``R == 0``: empty indices ``[0, 1, W]`` (or None),
+            :class:`OracleStep`. ``T == 0`` or ``R == 0``: indices ``[T, 1, W]`` of -1 (or None),
             no pool writes, no history change.
 
         Raises:
@@ -109,7 +109,8 @@ class HistoryOracle:
         T = int(positions.shape[0]) if num_tokens is None else int(num_tokens)
         R = int(cum_query_lens.shape[0])
         if T == 0 or R == 0:
-            return OracleStep(indices=torch.empty((0, 1, W), dtype=torch.int32) if compute_topk else None)
+            # Nothing to record; every one of the T rows is a padding row: all -1 (§4.5 step 4).
+            return OracleStep(indices=torch.full((T, 1, W), -1, dtype=torch.int32) if compute_topk else None)
 
         ends = [int(e) for e in cum_query_lens.tolist()]
         bounds = list(zip([0] + ends[:-1], ends))  # (qs_r, end_r), kpool-algorithm.md §3.4

@@ -97,8 +97,8 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
     Returns:
         int32 ``[T, 1, W]`` token indices within each request (``W = K_tok + P - 1``, ``-1`` =
         unused; padding rows ``t >= T_live`` all ``-1``), or ``output_buffer[:T, :W].unsqueeze(1)``,
-        or ``None`` when ``compute_topk=False``. ``T == 0`` or ``R == 0``: nothing is touched and
-        the result is empty (``[0, 1, W]``).
+        or ``None`` when ``compute_topk=False``. ``T == 0`` or ``R == 0``: the caches are not touched;
+        the result is ``[T, 1, W]`` of -1 (every row is a padding row; empty when ``T == 0``).
 
     Raises:
         ValueError: ``index_topk`` not a positive multiple of ``index_kpool``, an unknown
@@ -128,12 +128,13 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
 
     R = int(cum_query_lens.shape[0])
     if T == 0 or R == 0:
-        # §5.5 / §9 item 3: empty batch, nothing launched, caches untouched.
+        # §5.5 / §9 item 3: empty batch, caches untouched. With R == 0 every one of the T rows is
+        # a padding row, and padding rows are all -1 over their whole width (§4.5 step 4).
         if not compute_topk:
             return None
-        if output_buffer is not None:
-            return output_buffer[:0, :W].unsqueeze(1)
-        return torch.empty((0, 1, W), dtype=torch.int32)
+        out = output_buffer[:T] if output_buffer is not None else torch.empty((T, W), dtype=torch.int32)
+        out.fill_(-1)
+        return out[:, :W].unsqueeze(1)
 
     with single_threaded():
         return _forward_cpu(k=k, gate=gate, q=q, weights=weights, ape=ape, compressed_cache=compressed_cache,

@@ -175,9 +175,6 @@ def test_undersized_ring_found_only_by_the_oracle(device, warm_kernels):
 
 # ---- harness gaps the generators found ---------------------------------------------------------
 
-@pytest.mark.xfail(reason="harness: parity.compare.compare_indices reshape(T, -1) raises on a T == 0 step and "
-                          "reference.stateful.forward returns [0, 1, W] for R == 0, T > 0; empty steps are "
-                          "generated once cases.strategies.harness_handles_empty_steps() is True", strict=False)
 def test_empty_batches_run_through_the_harness(device):
     from parity.runner import run_case
     sim = _sim()

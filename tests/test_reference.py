@@ -289,19 +289,21 @@ def test_pool_aligned_prefix_resume_with_garbage_ring():
 
 
 def test_empty_batches_touch_nothing():
-    """T == 0 and R == 0 (with padded rows): empty [0, 1, W] (or None), caches byte-identical."""
+    """T == 0 and R == 0 (with padded rows): caches byte-identical; the result is [T, 1, W] of -1
+    (every row is a padding row, §4.5 step 4), or None; buffer rows >= T untouched."""
     h = Harness(SMALL, seed=8)
     W = SMALL.output_width
-    for batch_kwargs in (dict(), dict(num_tokens=3)):
+    for batch_kwargs, T in ((dict(), 0), (dict(num_tokens=3), 3)):
         for compute_topk in (True, False):
             step = h.check(h.step([], compute_topk=compute_topk, **batch_kwargs))
             if compute_topk:
-                assert step.out.shape == (0, 1, W) and step.out.dtype == torch.int32
+                assert step.out.shape == (T, 1, W) and step.out.dtype == torch.int32
+                assert (step.out == -1).all()
             else:
                 assert step.out is None
-    buf = torch.full((4, W), 5, dtype=torch.int32)
+    buf = torch.full((4, W + 2), 5, dtype=torch.int32)
     step = h.check(h.step([], num_tokens=3, output_buffer=buf))
-    assert step.out.shape == (0, 1, W) and (buf == 5).all()
+    assert step.out.shape == (3, 1, W) and (buf[:3] == -1).all() and (buf[3] == 5).all()
 
 
 def test_score_chunking_and_merged_mode_agree(monkeypatch):
