@@ -743,7 +743,6 @@ def _direct_run(case: Case, device, *, validate_last: bool = True, repeats: int 
     from a byte copy of the caches before it, and a list of such dicts is returned.
     ``start_from``: the recorded kernel call of the step before ``step``; its cache contents are
     loaded instead of re-running the earlier steps (long contexts are slow under the interpreter)."""
-    from kpool.cache import allocate_caches
     from kpool.indexer import forward
     from kpool.platform import torch_device
     from parity import sentinel as sen
@@ -752,8 +751,7 @@ def _direct_run(case: Case, device, *, validate_last: bool = True, repeats: int 
 
     cfg, geo = case.config, case.geometry
     dev = torch_device(device) if isinstance(device, str) else device
-    caches = allocate_caches(cfg, num_pages=geo.num_pages, page_size=geo.page_size, num_tail_blocks=geo.num_tail_blocks,
-                             page_padding=geo.page_padding, ring_block_padding=geo.ring_block_padding, guard=geo.guard)
+    caches = geo.allocate(cfg)
     sen.lay_cache_sentinels(caches)
     caches = caches.to(dev)
 

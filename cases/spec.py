@@ -77,6 +77,14 @@ class CacheGeometry:
     ring_block_padding: int = 0
     guard: int = 64
 
+    def allocate(self, config: KPoolConfig, device="cpu"):
+        """Both caches in this layout (:func:`kpool.cache.allocate_caches`, zero-filled):
+        returns a :class:`kpool.cache.KPoolCaches`; raises ``KPoolShapeError`` on bad sizes."""
+        from kpool.cache import allocate_caches
+        return allocate_caches(config, num_pages=self.num_pages, page_size=self.page_size,
+                               num_tail_blocks=self.num_tail_blocks, page_padding=self.page_padding,
+                               ring_block_padding=self.ring_block_padding, guard=self.guard, device=device)
+
 
 @dataclass(frozen=True)
 class Case:

@@ -34,14 +34,11 @@ def bench_case(case, device, repeat: int) -> list:
     import torch
 
     from cases.values import case_ape, make_inputs
-    from kpool.cache import allocate_caches
     from kpool.indexer import forward
     from kpool.metadata import build_metadata
 
     cfg, geo = case.config, case.geometry
-    caches = allocate_caches(cfg, num_pages=geo.num_pages, page_size=geo.page_size,
-                             num_tail_blocks=geo.num_tail_blocks, page_padding=geo.page_padding,
-                             ring_block_padding=geo.ring_block_padding, guard=geo.guard, device=device)
+    caches = geo.allocate(cfg, device=device)
     ape = case_ape(case).to(device)
     cache_mib = (caches.compressed_backing.numel() * 2 + caches.tail_backing.numel() * 4) / 2 ** 20
     rows = []

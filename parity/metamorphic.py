@@ -80,13 +80,10 @@ def step_states(case, *, reference_forward: Optional[Callable] = None) -> Iterat
     the reference forward (``reference.stateful.forward`` by default). Steps that expect an error
     are yielded too (they leave the caches unchanged); a step whose setup fails yields ``None``."""
     from cases.values import case_ape, make_inputs
-    from kpool.cache import allocate_caches
     if reference_forward is None:
         from reference.stateful import forward as reference_forward
     cfg, geo = case.config, case.geometry
-    caches = allocate_caches(cfg, num_pages=geo.num_pages, page_size=geo.page_size,
-                             num_tail_blocks=geo.num_tail_blocks, page_padding=geo.page_padding,
-                             ring_block_padding=geo.ring_block_padding, guard=geo.guard)
+    caches = geo.allocate(cfg)
     sen.lay_cache_sentinels(caches)
     ape = case_ape(case).to(torch.float32)
     for i, step in enumerate(case.steps):

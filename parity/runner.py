@@ -197,7 +197,6 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
-    from kpool.cache import allocate_caches
 
     t_case = time.perf_counter()
     dev = _torch_device(device)
@@ -206,9 +205,7 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
     if reference_forward is None:
         from reference.stateful import forward as reference_forward
     cfg, geo = case.config, case.geometry
-    base = allocate_caches(cfg, num_pages=geo.num_pages, page_size=geo.page_size,
-                           num_tail_blocks=geo.num_tail_blocks, page_padding=geo.page_padding,
-                           ring_block_padding=geo.ring_block_padding, guard=geo.guard)
+    base = geo.allocate(cfg)
     sen.lay_cache_sentinels(base)
     kernel = _Side("kernel", base.to(dev), dev)
     ref = _Side("reference", base.clone(), torch.device("cpu"))

@@ -394,3 +394,16 @@ def test_small_steps_pass_forward_validation(name):
                                   score_mode=cfg.score_mode, compute_topk=step.compute_topk,
                                   output_buffer=buf, **meta.forward_kwargs())
         assert t_live == meta.num_live_tokens
+
+
+def test_geometry_allocate_keeps_every_padding():
+    """CacheGeometry.allocate lays the caches out as declared: padded page and ring-block strides
+    and guard bands, so the sentinel checks cover padding the kernels must not touch."""
+    from cases.spec import CacheGeometry
+    from kpool.config import SMALL
+    geo = CacheGeometry(num_pages=3, page_size=2, num_tail_blocks=2, page_padding=5, ring_block_padding=7, guard=11)
+    caches = geo.allocate(SMALL)
+    D, C = SMALL.index_head_dim, SMALL.ring_capacity
+    assert caches.compressed_cache.stride(0) == 2 * D + 5 and caches.compressed_cache.storage_offset() == 11
+    assert caches.tail_cache.stride(0) == 2 * C * D + 7 and caches.tail_cache.storage_offset() == 11
+    assert caches.compressed_backing.numel() == 2 * 11 + 3 * (2 * D + 5)
