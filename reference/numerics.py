@@ -223,3 +223,22 @@ def expand_row(pool_ids, valid, position: int, *, index_topk: int, index_kpool: 
         for i in range(P - 1):
             row[tail_col + i] = tail_start + i if i < tail_count else -1
     return row
+
+
+def index_rows(scores: torch.Tensor, visible: torch.Tensor, positions, *, selected: int, index_topk: int,
+               index_kpool: int, pack_tail: bool, width: int) -> torch.Tensor:
+    """Output rows of scored query rows: :func:`sanitize_scores`, :func:`canonical_topk`, then
+    :func:`expand_row` per row (kpool-algorithm.md §4.3-§4.5).
+
+    Args:
+        scores: fp32 ``[rows, n]`` raw scores; visible: int ``[rows]`` visible pool counts;
+        positions: the rows' absolute positions (``rows`` ints); the rest as :func:`expand_row`.
+    Returns:
+        int32 ``[rows, width]``.
+    """
+    pool_ids, valid = canonical_topk(sanitize_scores(scores, visible), selected)
+    pool_ids, valid = pool_ids.tolist(), valid.tolist()  # lists: expand_row indexes per column
+    rows = [expand_row(pool_ids[i], valid[i], int(positions[i]), index_topk=index_topk,
+                       index_kpool=index_kpool, pack_tail=pack_tail, width=width)
+            for i in range(len(pool_ids))]
+    return torch.tensor(rows, dtype=torch.int32).reshape(len(rows), width)

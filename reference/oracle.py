@@ -17,7 +17,7 @@ from typing import Hashable, List, Optional, Tuple
 
 import torch
 
-from .numerics import canonical_topk, compress_pools, expand_row, pool_scores, sanitize_scores
+from .numerics import compress_pools, index_rows, pool_scores
 from .stateful import single_threaded  # thread control only; no semantics are shared
 
 # Deliberately independent of reference.stateful (no shared helpers): the oracle checks it.
@@ -174,13 +174,9 @@ class HistoryOracle:
                 if n_scored > 0:
                     pools = torch.stack([self._pool(rid, j) for j in range(n_scored)])
                     scores[:, :n_scored] = pool_scores(q[chunk_rows], weights[chunk_rows], pools, score_mode)
-                scores = sanitize_scores(scores, torch.tensor(chunk_visible, dtype=torch.int64))
-                pool_ids, valid = canonical_topk(scores, selected)
-                pool_ids, valid = pool_ids.tolist(), valid.tolist()  # lists: expand_row indexes per column
-                for i, t in enumerate(chunk_rows):
-                    row = expand_row(pool_ids[i], valid[i], int(positions[t]), index_topk=K_tok,
-                                     index_kpool=P, pack_tail=pack_tail, width=W)
-                    out[t] = torch.tensor(row, dtype=torch.int32)
+                out[chunk_rows] = index_rows(scores, torch.tensor(chunk_visible, dtype=torch.int64),
+                                             positions[chunk_rows], selected=selected, index_topk=K_tok,
+                                             index_kpool=P, pack_tail=pack_tail, width=W)
         return OracleStep(indices=out.unsqueeze(1), pool_writes=pool_writes)
 
     def _pool(self, rid: Hashable, j: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from .numerics import canonical_topk, compress_pools, expand_row, pool_scores, sanitize_scores
+from .numerics import compress_pools, index_rows, pool_scores
 
 SCORE_CHUNK_ELEMENTS = 1 << 18
 """Rows are scored in chunks of about this many ``rows * pools * H`` fp32 elements. Scores are
@@ -297,11 +297,6 @@ def _select(*, q, weights, compressed_cache, positions, bounds, T, T_live, seq_l
             if n_scored > 0:
                 scores[:, :n_scored] = pool_scores(heads_innermost(q[chunk_rows]), weights[chunk_rows],
                                                    pools[:n_scored], score_mode)
-            scores = sanitize_scores(scores, chunk_visible)
-            pool_ids, valid = canonical_topk(scores, selected)
-            pool_ids, valid = pool_ids.tolist(), valid.tolist()  # lists: expand_row indexes per column
-            for i, t in enumerate(chunk_rows):
-                row = expand_row(pool_ids[i], valid[i], int(positions[t]), index_topk=K_tok,
-                                 index_kpool=P, pack_tail=pack_tail, width=width)
-                out[t] = torch.tensor(row, dtype=torch.int32)
+            out[chunk_rows] = index_rows(scores, chunk_visible, positions[chunk_rows], selected=selected,
+                                         index_topk=K_tok, index_kpool=P, pack_tail=pack_tail, width=width)
     return out
