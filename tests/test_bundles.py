@@ -23,8 +23,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULT = "tests.test_reports:planted_fault"
 
 
-def _python(*args, cwd=ROOT, timeout=240):
-    env = dict(os.environ, PYTHONPATH=ROOT, TRITON_INTERPRET="1", KPOOL_DEVICE="cpu")
+def _python(*args, device, cwd=ROOT, timeout=240):
+    """``python -m parity ARGS`` in a fresh process on the session's device."""
+    env = dict(os.environ, PYTHONPATH=ROOT, KPOOL_DEVICE=device)
+    env.pop("TRITON_INTERPRET", None)
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
     return subprocess.run([sys.executable, "-m", "parity", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -34,16 +38,16 @@ def _case():
     return multi_step_case()
 
 
-def _record(tmp_path, kernel=FAULT, mode="resync"):
-    options = RunOptions(device="cpu", mode=mode, repeat=2, kernel=kernel)
+def _record(tmp_path, device, kernel=FAULT, mode="resync"):
+    options = RunOptions(device=device, mode=mode, repeat=2, kernel=kernel)
     case = _case()
     (res,) = run_cases([case], options)
     path = bundle.write_bundle(res, case, str(tmp_path / bundle.bundle_name(case)), options=options)
     return case, res, path
 
 
-def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path):
-    case, res, path = _record(tmp_path)
+def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path, device):
+    case, res, path = _record(tmp_path, device)
     assert not res.ok and sorted(os.listdir(path)) == sorted(
         ["README.md", "case.json", "environment.json", "findings.csv", "findings.json", "inputs.pt", "outputs.pt"])
     b = bundle.load_bundle(path)
@@ -71,15 +75,17 @@ def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path):
     env = b.environment
     for key in ("device", "device_name", "torch", "torch_npu", "triton", "triton_ascend", "git", "soc_version"):
         assert key in env
-    assert env["torch"] == torch.__version__ and env["device_name"] == "Triton interpreter (CPU)"
+    assert env["torch"] == torch.__version__ and env["device"] == device
+    if device == "cpu":
+        assert env["device_name"] == "Triton interpreter (CPU)"
     assert env["git"]["revision"] is None or len(env["git"]["revision"]) == 40
     readme = open(os.path.join(path, "README.md")).read()
     assert f"-m parity replay {path}" in readme and "cache-mismatch" in readme
 
 
-def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path):
-    case, res, path = _record(tmp_path)
-    proc = _python("replay", path)
+def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path, device):
+    case, res, path = _record(tmp_path, device)
+    proc = _python("replay", path, device=device)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"reproduced: {len(res.findings)} findings identical to the bundle's" in proc.stdout
     # a bundle whose recorded findings disagree with what the code does now is reported, exit 1
@@ -87,15 +93,16 @@ def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path):
     k = next(i for i, r in enumerate(records) if r["verdict"] == "cache-mismatch")
     records[k]["mismatches"] += 1
     json.dump(records, open(os.path.join(path, "findings.json"), "w"))
-    proc = _python("replay", path)
+    proc = _python("replay", path, device=device)
     assert proc.returncode == 1 and "findings differ from the bundle (2 rows)" in proc.stdout, proc.stdout
 
 
-def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path):
+def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path, device):
     """End to end on the real kernels: a planted kernel fault fails the run, the failure message
     names the replay command, and the replay in another process reproduces the findings."""
-    proc = _python("run", "--device", "cpu", "--case", "prefill-tail", "--kernel", "mutant:visible-off-by-one",
-                   "--report", "rep", "--junit", "rep/junit.xml", "--failures-only", "--no-oracle", cwd=tmp_path)
+    proc = _python("run", "--device", device, "--case", "prefill-tail", "--kernel", "mutant:visible-off-by-one",
+                   "--report", "rep", "--junit", "rep/junit.xml", "--failures-only", "--no-oracle", cwd=tmp_path,
+                   device=device)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rel = os.path.join("rep", "bundles", "prefill-tail-small")
     assert f"-m parity replay {rel}" in proc.stdout
@@ -106,16 +113,16 @@ def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path):
     assert any(f.get("message") == "wrong-index" for f in junit.iter("failure"))
     summary = open(tmp_path / "rep" / "summary.md").read()
     assert "## Certified exceptions per output" in summary and "| prefill-tail | small | 0 | prefill |" in summary
-    proc = _python("replay", rel, cwd=tmp_path)
+    proc = _python("replay", rel, cwd=tmp_path, device=device)
     assert proc.returncode == 0 and "reproduced:" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_record_writes_a_bundle_for_a_passing_case(tmp_path):
+def test_record_writes_a_bundle_for_a_passing_case(tmp_path, device):
     from parity.cli import main
     from kpool.platform import resolve_device
-    resolve_device("cpu")
+    resolve_device(device)
     out = tmp_path / "b"
-    assert main(["record", "--device", "cpu", "--case", "prefill-topk", "--size", "small", "--repeat", "1",
+    assert main(["record", "--device", device, "--case", "prefill-topk", "--size", "small", "--repeat", "1",
                  "--bundle-dir", str(out)]) == 0
     path = out / "prefill-topk-small"
     assert "No failures (recorded on request)" in open(path / "README.md").read()

@@ -405,51 +405,51 @@ PROBES = {
 }
 
 
-def _probe_batch():
+def _probe_batch(torch_device):
     """Two requests of 60 and 40 rows: 100 live rows -> two row tiles on the interpreter."""
     from tests.helpers import small_batch
-    return small_batch(SMALL, requests=((0, 60), (0, 40)), num_pages=32, seed=5)
+    return small_batch(SMALL, requests=((0, 60), (0, 40)), num_pages=32, seed=5, device=torch_device)
 
 
-def test_program_ids_match_what_the_kernels_report():
+def test_program_ids_match_what_the_kernels_report(device, torch_device):
     from parity import programs
     from parity.mutants import load_mutant
     from kpool.platform import resolve_device
-    resolve_device("cpu")
-    caches, kw = _probe_batch()
+    resolve_device(device)
+    caches, kw = _probe_batch(torch_device)
     T = kw["positions"].shape[0]
     pos, slots, tslots = kw["positions"].tolist(), kw["slot_mapping"].tolist(), kw["tail_slot_mapping"].tolist()
-    cap = programs.grid_cap("cpu")
+    cap = programs.grid_cap(device, torch_device)
     seen = set()
     # compression: every written compressed row holds the id of the program that wrote it
     load_mutant("probe-compress", mutation=PROBES["probe-compress"]).forward(**kw)
     for t in range(T):
         if slots[t] >= 0:
-            want = programs.cache_update_program(t, num_live=T, head_dim=D, backend="cpu", cap=cap)
-            got = int(caches.compressed_cache.view(torch.int16)[slots[t] // 2, slots[t] % 2, 0, 0])
+            want = programs.cache_update_program(t, num_live=T, head_dim=D, backend=device, cap=cap)
+            got = int(caches.compressed_cache.cpu().view(torch.int16)[slots[t] // 2, slots[t] % 2, 0, 0])
             assert got == want, (t, got, want)
             seen.add(want)
     assert len(seen) > 1, "the probe batch should span several programs"
     # ring write: the K plane of every written ring row
-    caches, kw = _probe_batch()
+    caches, kw = _probe_batch(torch_device)
     load_mutant("probe-ring", mutation=PROBES["probe-ring"]).forward(**kw)
     C = SMALL.ring_capacity
     for t in (56, 57, 58, 59, 96, 97, 98, 99):                      # the last C rows of each request
-        want = programs.cache_update_program(t, num_live=T, head_dim=D, backend="cpu", cap=cap)
-        assert int(caches.tail_cache.view(torch.int32)[tslots[t] // C, 0, tslots[t] % C, 0]) == want
+        want = programs.cache_update_program(t, num_live=T, head_dim=D, backend=device, cap=cap)
+        assert int(caches.tail_cache.cpu().view(torch.int32)[tslots[t] // C, 0, tslots[t] % C, 0]) == want
     # expansion: every output element
-    caches, kw = _probe_batch()
-    out = load_mutant("probe-expand", mutation=PROBES["probe-expand"]).forward(**kw)[:, 0]
-    want = torch.tensor([[programs.expand_program(t, c, num_rows=T, width=W, backend="cpu") for c in range(W)]
+    caches, kw = _probe_batch(torch_device)
+    out = load_mutant("probe-expand", mutation=PROBES["probe-expand"]).forward(**kw)[:, 0].cpu()
+    want = torch.tensor([[programs.expand_program(t, c, num_rows=T, width=W, backend=device) for c in range(W)]
                          for t in range(T)], dtype=torch.int32)
     assert torch.equal(out, want)
 
 
-def test_findings_name_the_writing_program():
+def test_findings_name_the_writing_program(device, torch_device):
     from parity import programs
     from parity.mutants import load_mutant
     from kpool.platform import resolve_device
-    resolve_device("cpu")
+    resolve_device(device)
     mutant = load_mutant("ape-reversed")
     steps = [Step("prefill", BatchSpec([RequestSpec(0, 60, list(range(8)), 1), RequestSpec(0, 40, list(range(8, 13)), 2)]),
                   request_ids=[0, 1], seed=1)]
@@ -457,11 +457,11 @@ def test_findings_name_the_writing_program():
     res = _run(Case("programs", "small", SMALL, geo, steps, seed=2), mutant.forward, check_oracle=False)
     (cache,) = res.failures[res.failures["output"] == "compressed_cache"].to_dict("records")
     assert cache["kernel"] == "compress" and cache["row"] == 3 and cache["pool_id"] == 0
-    assert cache["program_id"] == programs.cache_update_program(3, num_live=100, head_dim=D, backend="cpu",
-                                                                cap=programs.grid_cap("cpu"))
+    assert cache["program_id"] == programs.cache_update_program(3, num_live=100, head_dim=D, backend=device,
+                                                                cap=programs.grid_cap(device, torch_device))
     idx = res.failures[res.failures["output"] == "indices"].to_dict("records")
     if idx:   # reversed APE changes the pooled keys; if it changes a selection, expansion is named
         r = idx[0]
         assert r["kernel"] == "expand"
-        assert r["program_id"] == programs.expand_program(r["row"], r["column"], num_rows=100, width=W, backend="cpu")
+        assert r["program_id"] == programs.expand_program(r["row"], r["column"], num_rows=100, width=W, backend=device)
         assert "_score_kernel" in r["detail"]

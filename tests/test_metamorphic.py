@@ -27,18 +27,18 @@ def _verdicts(df):
     return {(o.split(":", 1)[1], v) for o, v in zip(df["output"], df["verdict"])}
 
 
-def test_every_relation_holds_on_the_kernels():
+def test_every_relation_holds_on_the_kernels(device):
     from kpool.platform import resolve_device
-    resolve_device("cpu")
-    df = mm.run_relations(_case(), device="cpu", steps=[1, 2])
+    resolve_device(device)
+    df = mm.run_relations(_case(), device=device, steps=[1, 2])
     assert _verdicts(df) == {(name, "exact") for name in mm.RELATIONS}, df[["step", "output", "verdict", "detail"]]
     # captured-replay of step s replays it over the captured step s - 1 (pairs 0->1, 1->2)
     assert set(df.loc[df["output"] == "metamorphic:captured-replay", "step"]) == {1, 2}
     assert set(df.loc[df["output"] == "metamorphic:batch-permutation", "step"]) == {1, 2}
 
 
-def test_relations_hold_for_the_reference_too():
-    df = mm.run_relations(_case(), device="cpu", kernel_forward=_reference(), steps=[1, 2])
+def test_relations_hold_for_the_reference_too(device):
+    df = mm.run_relations(_case(), device=device, kernel_forward=_reference(), steps=[1, 2])
     # the reference has no max_score_rows: score-chunking does not apply to it
     assert _verdicts(df) == {(name, "exact") for name in mm.RELATIONS if name != "score-chunking"}
 
@@ -102,9 +102,9 @@ def _stale_metadata_forward():
     ("score-chunking", _chunk_sensitive, {"wrong-index"}),
     ("captured-replay", None, {"wrong-index"}),
 ])
-def test_each_relation_catches_its_fault(relation, fault, verdicts):
+def test_each_relation_catches_its_fault(relation, fault, verdicts, device):
     fault = fault or _stale_metadata_forward()
-    df = mm.run_relations(_case(), [relation], device="cpu", kernel_forward=fault, steps=[1, 2])
+    df = mm.run_relations(_case(), [relation], device=device, kernel_forward=fault, steps=[1, 2])
     bad = df[df["verdict"] != "exact"]
     assert set(bad["output"]) == {f"metamorphic:{relation}"}
     assert verdicts <= set(bad["verdict"]), bad[["step", "verdict", "detail"]]
@@ -115,28 +115,28 @@ def test_each_relation_catches_its_fault(relation, fault, verdicts):
         assert wi["row"] >= 0 and wi["column"] >= 0
 
 
-def test_unknown_relation_and_inapplicable_steps():
+def test_unknown_relation_and_inapplicable_steps(device):
     with pytest.raises(ValueError, match="unknown metamorphic relation"):
-        mm.run_relations(_case(), ["nope"], device="cpu", kernel_forward=_reference())
+        mm.run_relations(_case(), ["nope"], device=device, kernel_forward=_reference())
     from cases.scenarios import prefill_topk
     case = prefill_topk("small")
     # chunk-1 is one request: no permutation finding for that step
-    df = mm.run_relations(case, ["batch-permutation"], device="cpu", kernel_forward=_reference(), steps=[1])
+    df = mm.run_relations(case, ["batch-permutation"], device=device, kernel_forward=_reference(), steps=[1])
     assert len(df) == 0
 
 
-def test_cli_metamorphic_option(tmp_path):
+def test_cli_metamorphic_option(tmp_path, device):
     """``python -m parity run --metamorphic RELATION`` adds the relation's rows to the results."""
     import json
 
     from kpool.platform import resolve_device
     from parity.cli import main
-    resolve_device("cpu")
+    resolve_device(device)
     rep = tmp_path / "rep"
-    assert main(["run", "--device", "cpu", "--case", "prefill-topk", "--repeat", "1", "--no-oracle",
+    assert main(["run", "--device", device, "--case", "prefill-topk", "--repeat", "1", "--no-oracle",
                  "--metamorphic", "padding-rows", "--report", str(rep), "--no-bundles"]) == 0
     rows = json.load(open(rep / "results.json"))["results"]
     meta = [r for r in rows if r["output"].startswith("metamorphic:")]
     assert {r["output"] for r in meta} == {"metamorphic:padding-rows"} and len(meta) == 4
     assert all(r["verdict"] == "exact" for r in meta)
-    assert main(["run", "--device", "cpu", "--case", "prefill-topk", "--metamorphic", "nope"]) == 2
+    assert main(["run", "--device", device, "--case", "prefill-topk", "--metamorphic", "nope"]) == 2

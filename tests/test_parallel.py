@@ -81,20 +81,25 @@ def test_spawned_workers_start_pinned_before_torch(monkeypatch):
 
 # ----------------------------------------------------------------------------- merged runs
 
-def _cli_report(tmp_path, jobs):
+def _cli_report(tmp_path, jobs, device):
     from parity.cli import main
     out = tmp_path / f"jobs{jobs}"
-    rc = main(["run", "--device", "cpu", "--size", "small", "--case", *CASES, "--jobs", str(jobs),
+    rc = main(["run", "--device", device, "--size", "small", "--case", *CASES, "--jobs", str(jobs),
                "--report", str(out)])
     return rc, pd.read_csv(out / "results.csv"), pd.read_csv(out / "timings.csv")
 
 
-def test_two_workers_merge_into_the_single_worker_report(tmp_path):
-    rc1, one, t1 = _cli_report(tmp_path, 1)
-    rc2, two, t2 = _cli_report(tmp_path, 2)
+def test_two_workers_merge_into_the_single_worker_report(tmp_path, device):
+    devices = parallel.visible_devices(device)
+
+    def label(w):   # what worker w is pinned to: round robin over the visible devices (cpu: none)
+        return device if device == "cpu" else f"{device}:{devices[w % len(devices)]}"
+
+    rc1, one, t1 = _cli_report(tmp_path, 1, device)
+    rc2, two, t2 = _cli_report(tmp_path, 2, device)
     assert rc1 == rc2 == 0
-    assert set(one["worker"]) == {0} and set(one["worker_device"]) == {"cpu"}
-    assert set(two["worker"]) == {0, 1} and set(two["worker_device"]) == {"cpu"}   # both workers ran cases
+    assert set(one["worker"]) == {0} and set(one["worker_device"]) == {label(0)}
+    assert set(two["worker"]) == {0, 1} and set(two["worker_device"]) == {label(0), label(1)}   # both ran cases
     keep = [c for c in one.columns if c not in parallel.WORKER_COLUMNS]
     pd.testing.assert_frame_equal(one[keep], two[keep])            # same rows, same order, same values
     assert list(dict.fromkeys(two["case"] + "[" + two["size"] + "]")) == CASES   # case order kept

@@ -7,6 +7,7 @@ Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_reports.py``.
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 
 import pandas as pd
@@ -52,9 +53,14 @@ def multi_step_case(values: str = "random") -> Case:
     return Case("multi-step", "small", SMALL, geo, steps, seed=8, values=values)
 
 
+def _device() -> str:
+    """The session's kernel device (conftest.py exports it as KPOOL_DEVICE)."""
+    return os.environ.get("KPOOL_DEVICE", "cpu")
+
+
 def _run(case, kernel, **kw):
     from parity.runner import run_case
-    return run_case(case, device="cpu", kernel_forward=kernel, **kw)
+    return run_case(case, device=_device(), kernel_forward=kernel, **kw)
 
 
 # --------------------------------------------------------------------------- resync
@@ -169,6 +175,6 @@ def test_progress_bar_only_on_a_terminal():
     assert _progress(tty, 5) is not None
     seen = []
     from reference.stateful import forward
-    results = run_cases([multi_step_case()], RunOptions(device="cpu", repeat=1), console=tty,
+    results = run_cases([multi_step_case()], RunOptions(device=_device(), repeat=1), console=tty,
                         kernel_forward=forward, on_case=lambda c, r: seen.append(r.case_id))
     assert seen == ["multi-step[small]"] and results[0].ok and results[0].steps_run == 5
