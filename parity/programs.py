@@ -85,13 +85,11 @@ class Launch:
 def cache_update_tiling(num_live: int, head_dim: int, backend: str, cap: int, *, package: str = "kpool"):
     """``(BLOCK_T, Launch)`` of ``compress_and_write_cache`` for ``num_live`` live rows.
 
-    Mirrors the launcher: ``BLOCK_D = next_pow2(D)``, ``BLOCK_T = max(1, min(_MAX_BLOCK_T,
-    _TILE_ELEMS[backend] // BLOCK_D, next_pow2(num_live)))``, ``grid = min(cdiv(num_live,
-    BLOCK_T), cap)``.
+    Uses the launcher's own ``cache_update_tiles`` (``BLOCK_T``), and ``grid = min(cdiv(num_live,
+    BLOCK_T), cap)`` as the launcher does.
     """
     compress = _ops(package, "ops.compress")
-    block_d = _next_pow2(head_dim)
-    block_t = max(1, min(compress._MAX_BLOCK_T, compress._TILE_ELEMS[backend] // block_d, _next_pow2(num_live)))
+    block_t, _ = compress.cache_update_tiles(num_live, head_dim, backend)
     work = _cdiv(num_live, block_t)
     return block_t, Launch(tiles=work, grid=max(1, min(work, cap)))
 

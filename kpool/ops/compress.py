@@ -28,6 +28,32 @@ _CPU_GRID_CAP = 4                # interpreter: programs run serially; keep the 
 _TILE_ELEMS = {"cpu": 4096, "cuda": 2048, "npu": 1024}   # BLOCK_T * BLOCK_D per program
 _MAX_BLOCK_T = 64
 _grid_cap_cache: dict = {}
+# Runtime sizes and outer strides are listed in ``do_not_specialize``: Triton would otherwise
+# compile a new variant for every combination of "== 1" / "% 16 == 0" among them, and a batch
+# stream varies them all the time (page size, padding, ring capacity). Unit inner strides and D
+# stay specialized (they do not vary). The cache pointers are views behind guard bands, so their
+# 16-byte alignment varies too. Specialization changes addressing only, never the math.
+
+
+def cache_update_tiles(num_live: int, head_dim: int, backend: str) -> tuple:
+    """``(BLOCK_T, BLOCK_D)`` of both cache-update launches (platform-numerics.md §6.1).
+
+    ``BLOCK_D = next_pow2(head_dim)``; ``BLOCK_T`` fills ``_TILE_ELEMS[backend]`` elements, at
+    most ``_MAX_BLOCK_T`` rows. Under the interpreter it also shrinks to ``next_pow2(num_live)``
+    (its cost grows with the tile); compiled backends keep one ``BLOCK_T`` per head dim, so the
+    number of live rows never causes a new compilation. Rows are independent: the tile changes
+    which program writes a row, never its bits.
+
+    Args:
+        num_live: live token rows (>= 1). head_dim: D. backend: ``"cpu"``, ``"cuda"`` or ``"npu"``.
+    Raises:
+        KeyError: unknown backend.
+    """
+    block_d = triton.next_power_of_2(head_dim)
+    block_t = max(1, min(_MAX_BLOCK_T, _TILE_ELEMS[backend] // block_d))
+    if backend == "cpu":
+        block_t = min(block_t, triton.next_power_of_2(num_live))
+    return block_t, block_d
 
 
 @triton.jit
@@ -49,7 +75,10 @@ def _window_tile(in_ptr, in_s0, in_s1, tail_ptr, plane_off, w, qs_pos, in_shift,
     return tl.where(from_in[:, None], x_in, x_ring)
 
 
-@triton.jit(do_not_specialize=["num_live", "num_requests", "iters", "num_slots", "num_tail_blocks"])
+@triton.jit(do_not_specialize=["num_live", "num_requests", "iters", "B", "num_slots", "C", "num_tail_blocks",
+                                "k_s0", "g_s0", "ape_s0", "cc_s0", "cc_s1", "t_s0", "t_s1", "t_s2",
+                                "pos_s", "raw_s", "slot_s", "tbt_s0"],
+             do_not_specialize_on_alignment=["cc_ptr", "tail_ptr"])
 def _compress_pools_kernel(
         k_ptr, gate_ptr, ape_ptr, cc_ptr, tail_ptr,
         pos_ptr, cum_ptr, raw_ptr, slot_ptr, tbt_ptr,
@@ -138,7 +167,9 @@ def _compress_pools_kernel(
                  mask=valid[:, None] & dmask[None, :])
 
 
-@triton.jit(do_not_specialize=["num_live", "num_requests", "iters", "num_tail_slots"])
+@triton.jit(do_not_specialize=["num_live", "num_requests", "iters", "C", "num_tail_slots",
+                                "k_s0", "g_s0", "t_s0", "t_s1", "t_s2", "pos_s", "tslot_s"],
+             do_not_specialize_on_alignment=["tail_ptr"])
 def _ring_write_kernel(
         k_ptr, gate_ptr, tail_ptr, pos_ptr, cum_ptr, tslot_ptr,
         num_live, num_requests, iters, D, C, num_tail_slots,
@@ -246,9 +277,7 @@ def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, posi
     D = int(k.shape[1])
     N, B = int(compressed_cache.shape[0]), int(compressed_cache.shape[1])
     num_tail_blocks, C = int(tail_cache.shape[0]), int(tail_cache.shape[2])
-    block_d = triton.next_power_of_2(D)
-    block_t = max(1, min(_MAX_BLOCK_T, _TILE_ELEMS[backend] // block_d,
-                         triton.next_power_of_2(num_live)))
+    block_t, block_d = cache_update_tiles(num_live, D, backend)
     work = triton.cdiv(num_live, block_t)
     grid = min(work, _grid_cap(backend, k))
     iters = triton.cdiv(work, grid)

@@ -55,6 +55,9 @@ _SCORE_TILES = {"cuda": (1, 32), "npu": (1, 32)}
 _INTERP_MAX_ROWS = 16
 _INTERP_TILE_ELEMENTS = 2 ** 18
 _EXPAND_TILES = {"cpu": (16, 256), "cuda": (1, 256), "npu": (1, 256)}
+# As in compress.py, runtime sizes and outer strides are in ``do_not_specialize`` so a stream of
+# batches does not compile one variant per "== 1" / "% 16" pattern, nor per 16-byte alignment of
+# the cache (behind a guard band) and of a caller's output buffer; addressing only, same math.
 
 
 def _backend_of(t: torch.Tensor) -> str:
@@ -90,7 +93,8 @@ def _load_f32(ptrs, mask, IS_BF16: tl.constexpr):
         return tl.load(ptrs, mask=mask, other=0.0)
 
 
-@triton.jit(do_not_specialize=["row_start", "num_rows"])
+@triton.jit(do_not_specialize=["row_start", "num_rows", "stride_qt", "stride_qh", "stride_wt", "stride_wh",
+                                "stride_qbar"])
 def _merge_heads_kernel(
     q_ptr, stride_qt, stride_qh, stride_qd,
     w_ptr, stride_wt, stride_wh,
@@ -123,7 +127,11 @@ def _merge_heads_kernel(
         tl.store(out_ptrs, qbar, mask=q_mask)
 
 
-@triton.jit(do_not_specialize=["row_start", "num_rows", "max_pool_seq_len", "num_requests"])
+@triton.jit(do_not_specialize=["row_start", "num_rows", "max_pool_seq_len", "num_requests",
+                                "stride_qt", "stride_qh", "stride_wt", "stride_wh", "stride_qbar",
+                                "stride_cn", "stride_cb", "num_pages", "page_size",
+                                "stride_btr", "stride_btm", "bt_width", "stride_out"],
+             do_not_specialize_on_alignment=["cache_ptr"])
 def _score_kernel(
     q_ptr, stride_qt, stride_qh, stride_qd,
     w_ptr, stride_wt, stride_wh,
@@ -351,7 +359,9 @@ def select_topk(scores: torch.Tensor, selected: int) -> tuple[torch.Tensor, torc
     return ids[:, :selected].to(torch.int32), values[:, :selected]
 
 
-@triton.jit(do_not_specialize=["num_rows", "width", "num_live", "selected", "index_topk", "out_width"])
+@triton.jit(do_not_specialize=["num_rows", "width", "num_live", "selected", "index_topk", "out_width",
+                                "stride_out", "stride_ir", "stride_ic", "stride_sr", "stride_sc"],
+             do_not_specialize_on_alignment=["out_ptr"])
 def _expand_kernel(
     out_ptr, stride_out, num_rows, width,
     pos_ptr, ids_ptr, stride_ir, stride_ic, sc_ptr, stride_sr, stride_sc,
