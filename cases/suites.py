@@ -60,6 +60,10 @@ def run_suite(args, device: str, console, *, prog: str = "python -m parity run")
             return EXIT_USAGE
         status = max(status, commands.execute(case_lists, args, device, console, record=args.command == "record",
                                               prog=prog))
+    if args.command == "record" and ({"public", "generated"} & set(parts)):
+        console.print("note: record writes bundles for corpus and seed cases only; public cases are rerun by "
+                      "name (--suite public --case Cxx), a failing generated case is kept in cases/corpus",
+                      markup=False)
     if "public" in parts:
         status = max(status, run_public_suite(args, device, console))
     if "generated" in parts:

@@ -38,7 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "is written for every failing case).")
     _add_run_arguments(run)
     record = sub.add_parser("record", help="run cases and write a repro bundle for each, pass or fail",
-                            description="Like run, but writes a repro bundle for every case.")
+                            description="Like run, but writes a repro bundle for every corpus and seed case. "
+                                        "Public cases are not bundled (their stated-value checks live "
+                                        "in cases/public.py: rerun one with --suite public --case Cxx); "
+                                        "a failing generated case is kept in cases/corpus.")
     _add_run_arguments(record)
     commands.add_replay_parser(sub)
     return parser

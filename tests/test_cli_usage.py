@@ -19,3 +19,12 @@ def test_replay_command_uses_this_interpreter():
     import sys
     from parity.bundle import replay_command
     assert replay_command("bundles/x").startswith(sys.executable)
+
+
+def test_record_says_which_suites_it_bundles(tmp_path, capsys, device):
+    """``record --suite public`` runs the case but writes no bundle, and says so."""
+    out = tmp_path / "b"
+    assert main(["record", "--device", device, "--suite", "public", "--case", "C09", "--bundle-dir", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "record writes bundles for corpus and seed cases only" in captured.out
+    assert not out.exists()
