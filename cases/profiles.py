@@ -12,6 +12,10 @@ device    compiled kernels on a GPU/NPU              300       200       10 s   
 nightly   long compiled runs, larger shapes          2000      1000      20 s          3000 calls
 ========  =========================================  ========  ========  ============  =========
 
+Empty steps (``T == 0`` or ``R == 0``) are drawn by ``dev``, ``device`` and ``nightly``
+(:attr:`cases.strategies.Bounds.empty_steps`); ``ci`` keeps the example sequence its planted-fault
+budgets were tuned on and covers them with a named test instead.
+
 Deadlines. Every profile has a finite hypothesis ``deadline`` (a hang guard of
 ``deadline_s + jit_allowance_s``) *and* a tighter net deadline ``deadline_s`` that the generated
 runner enforces on ``wall time - Triton compile time`` of each example (:class:`JitClock` reads
@@ -77,17 +81,19 @@ PROFILES = {
     "ci": Profile("ci", max_examples=20, batch_examples=24, engine_examples=16, deadline_s=30.0,
                   shrink_s=120.0, derandomize=True, shrink_calls=80, fault_examples=40, fault_shrink_calls=50,
                   fault_shrink_s=120.0),
-    "dev": Profile("dev", max_examples=50, batch_examples=50, engine_examples=30, shrink_s=300.0, shrink_calls=400),
+    "dev": Profile("dev", max_examples=50, batch_examples=50, engine_examples=30,
+                   bounds=scaled(TINY, empty_steps=True), shrink_s=300.0, shrink_calls=400),
     # Compiled profiles keep the compile-relevant choices (P, H, D) to a few values: every new
     # (P, H, D, score mode, weight dtype, tile) combination is a Triton compilation.
     "device": Profile("device", max_examples=300, batch_examples=300, engine_examples=200,
                       bounds=scaled(TINY, kpools=(4, 1, 16), max_heads=4, head_dims=(16, 128), max_topk_pools=4,
-                                    max_live=4, max_steps=8, max_step_tokens=96, max_chunk=64, extra_len=12),
+                                    max_live=4, max_steps=8, max_step_tokens=96, max_chunk=64, extra_len=12,
+                                    empty_steps=True),
                       deadline_s=10.0, jit_allowance_s=120.0, shrink_s=300.0, shrink_calls=1000),
     "nightly": Profile("nightly", max_examples=2000, batch_examples=2000, engine_examples=1000,
                        bounds=scaled(TINY, max_heads=32, head_dims=(16, 128, 4, 32, 64), max_topk_pools=8,
                                      max_live=6, max_steps=12, max_step_tokens=256, max_chunk=160,
-                                     extra_len=40),
+                                     extra_len=40, empty_steps=True),
                        deadline_s=20.0, jit_allowance_s=300.0, shrink_s=600.0, shrink_calls=3000),
 }
 """The four profiles (module docstring table)."""

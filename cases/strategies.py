@@ -85,6 +85,10 @@ class Bounds:
         undersized_ring: plant the configuration fault of public case C21: MTP depth >= 1 with
             ring capacity ``C = P`` (< ``P + spec``). Kernels and reference agree on it; only the
             whole-history oracle can tell, once a rejected draft clobbered a committed ring row.
+        empty_steps: keep a drawn step with no live row and no padding (``T == 0`` or ``R == 0``,
+            kpool-algorithm.md §9 item 3) instead of turning it into a decode. Off in
+            :data:`TINY` (the derandomized ``ci`` sequence and its planted-fault budgets were tuned
+            without it); on in the ``dev``, ``device`` and ``nightly`` profiles.
     """
 
     kpools: Tuple[int, ...] = KPOOLS
@@ -104,6 +108,7 @@ class Bounds:
     verify_weight: int = 2
     chunk_weight: int = 2
     step_kinds: Tuple[str, ...] = ("eager", "full", "cache-only")
+    empty_steps: bool = False
 
 
 TINY = Bounds()
@@ -201,20 +206,6 @@ def _draw_actions(draw, ctx: _Ctx, kind: str):
     return actions
 
 
-GENERATE_EMPTY_STEPS = False
-"""Empty batches (``T == 0`` or ``R == 0``, kpool-algorithm.md §9 item 3) run through the harness
-(``tests/test_engine.py::test_empty_batches_run_through_the_harness``), but the generators do not
-draw them yet: turning them on reshuffles the derandomized ``ci`` sequence, and the planted-fault
-and coverage budgets of the tests must then be re-tuned."""
-
-
-def harness_handles_empty_steps() -> bool:
-    """Whether the generators draw empty steps (:data:`GENERATE_EMPTY_STEPS`)."""
-    return GENERATE_EMPTY_STEPS
-
-
-
-
 def _draw_step(draw, ctx: _Ctx, index: int, kind: Optional[str] = None) -> None:
     """Draw and record one step of ``ctx.sim`` (module docstring of :mod:`cases.engine`)."""
     sim, cfg = ctx.sim, ctx.sim.config
@@ -226,8 +217,8 @@ def _draw_step(draw, ctx: _Ctx, index: int, kind: Optional[str] = None) -> None:
                         stale=draw(st.booleans()))
     T = sum(a.query_len for a in actions) + (full.pad_rows if full else 0)
     R = len(actions) + (full.padded_requests if full else 0)
-    if (T == 0 or R == 0) and not harness_handles_empty_steps():
-        # An empty batch would crash the harness (see harness_handles_empty_steps): decode instead.
+    if (T == 0 or R == 0) and not ctx.bounds.empty_steps:
+        # Bounds.empty_steps off (the ci budget): turn the empty step into a decode.
         rid = next((r for r in sorted(sim.requests) if sim.requests[r].committed < sim.max_len()), None)
         if rid is None:
             return

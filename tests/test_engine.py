@@ -184,6 +184,20 @@ def test_empty_batches_run_through_the_harness(device):
     assert run_case(sim.build("empty"), device=device).ok
 
 
+def test_generated_sequences_with_empty_steps_pass_and_count_them(device):
+    """``Bounds.empty_steps`` (on in the dev/device/nightly profiles) keeps the empty steps the
+    generator draws; they pass on both sides and the coverage report counts them."""
+    from cases.generated import run_generated
+    from cases.profiles import load_profile
+    from cases.strategies import TINY, scaled
+    out = run_generated("engine", device=device, profile=load_profile("ci"), examples=4,
+                        bounds=scaled(TINY, empty_steps=True))
+    assert out.ok, out.error
+    assert out.coverage.classes["empty batch"] > 0
+    off = run_generated("engine", device=device, profile=load_profile("ci"), examples=4)
+    assert off.ok and off.coverage.classes["empty batch"] == 0      # the ci budget: none drawn
+
+
 # ---- profiles -----------------------------------------------------------------------------------
 
 def test_profiles_are_registered_with_finite_deadlines():
