@@ -181,8 +181,10 @@ def replay_main(args, console=None) -> int:
     if args.junit:
         report.write_junit(df, args.junit)
     if len(diff):
-        console.print(f"[red]findings differ from the bundle ({len(diff)} rows):[/]")
+        console.print(f"[red]checks differ from the bundle ({len(diff)} rows):[/]")
         console.print(escape(diff.to_string(index=False)))
         return EXIT_FAIL
-    console.print(f"[green]reproduced: {len(result.findings)} findings identical to the bundle's[/]")
+    summary = report.summarize(df)
+    console.print(f"[green]reproduced: {len(result.findings)} checks identical to the bundle's "
+                  f"({summary['findings']} findings, {summary['failures']} failures)[/]")
     return EXIT_OK

@@ -87,14 +87,16 @@ def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path, device):
     case, res, path = _record(tmp_path, device)
     proc = _python("replay", path, device=device)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"reproduced: {len(res.findings)} findings identical to the bundle's" in proc.stdout
+    failing = int(res.findings["verdict"].map(lambda v: v != "exact").sum())
+    assert (f"reproduced: {len(res.findings)} checks identical to the bundle's "
+            f"({failing} findings, {len(res.failures)} failures)") in proc.stdout, proc.stdout
     # a bundle whose recorded findings disagree with what the code does now is reported, exit 1
     records = json.load(open(os.path.join(path, "findings.json")))
     k = next(i for i, r in enumerate(records) if r["verdict"] == "cache-mismatch")
     records[k]["mismatches"] += 1
     json.dump(records, open(os.path.join(path, "findings.json"), "w"))
     proc = _python("replay", path, device=device)
-    assert proc.returncode == 1 and "findings differ from the bundle (2 rows)" in proc.stdout, proc.stdout
+    assert proc.returncode == 1 and "checks differ from the bundle (2 rows)" in proc.stdout, proc.stdout
 
 
 def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path, device):
