@@ -32,3 +32,38 @@ def small_batch(config: KPoolConfig, *, device="cpu", seed=0, page_size=2, num_p
         compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
         index_topk=config.index_topk, index_kpool=P, **meta.forward_kwargs())
     return caches, kwargs
+
+
+def is_small_case(case, *, steps=3, rows=24, requests=3) -> bool:
+    """Whether a shrunk case is small: at most ``steps`` steps, ``requests`` requests and
+    ``rows`` live rows per step."""
+    return (len(case.steps) <= steps and all(len(s.batch.requests) <= requests for s in case.steps)
+            and all(sum(r.query_len for r in s.batch.requests) <= rows for s in case.steps))
+
+
+def assert_planted_fault_found_and_shrunk(kind: str, name: str, device, corpus_dir) -> None:
+    """The current profile's budget of generated ``kind`` cases ("batch" or "engine") finds the
+    planted fault ``name`` (:mod:`parity.mutants`) with its expected verdict and shrinks it to a
+    small case; the saved corpus entry fails on the mutant and passes on the real kernels."""
+    from cases.corpus import describe, load_case
+    from cases.generated import ParityFailure, run_generated
+    from cases.profiles import current_profile
+    from parity.mutants import expected_verdict, load_mutant
+    from parity.runner import run_case
+
+    mutant = load_mutant(name)
+    prof = current_profile()
+    examples = prof.batch_examples if kind == "batch" else prof.engine_examples
+    # within the profile's budget: the same example count as the passing run
+    out = run_generated(kind, device=device, kernel_forward=mutant.forward, repeat_every=0,
+                        collect_coverage=False, examples=examples, shrink_s=prof.fault_shrink_s,
+                        shrink_calls=prof.fault_shrink_calls, corpus_dir=corpus_dir,
+                        corpus_info={"expect": f"fail:{name}"})
+    assert isinstance(out.error, ParityFailure), out.error
+    print("\n".join(describe(out.case)))
+    assert expected_verdict(name) in set(out.result.failures["verdict"])
+    assert is_small_case(out.case), describe(out.case)
+    case, info = load_case(out.saved)
+    assert info["expect"] == f"fail:{name}"
+    assert not run_case(case, device=device, kernel_forward=mutant.forward).ok
+    assert run_case(case, device=device).ok

@@ -21,6 +21,7 @@ from cases.engine import Action, EngineSim, FullMode
 from cases.genvalues import ValueSpec
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolBlockIdError
+from tests.helpers import assert_planted_fault_found_and_shrunk, is_small_case
 
 CFG = KPoolConfig(index_n_heads=1, index_head_dim=4, index_kpool=4, index_topk=8, num_speculative_tokens=2)
 
@@ -123,32 +124,9 @@ def test_generated_engine_sequences_pass_and_report_coverage(device, warm_kernel
         assert cov[cls] > 0, cls
 
 
-def _small(case, *, steps=3, rows=24, requests=3) -> bool:
-    return (len(case.steps) <= steps and all(len(s.batch.requests) <= requests for s in case.steps)
-            and all(sum(r.query_len for r in s.batch.requests) <= rows for s in case.steps))
-
-
 @pytest.mark.parametrize("name", ["ring-stash-gated-on-pool-slot", "padding-slot-minus-one"])
 def test_planted_fault_found_by_engine_sequences_and_shrunk(name, device, warm_kernels, tmp_path):
-    from cases.corpus import describe, load_case
-    from cases.generated import ParityFailure, run_generated
-    from cases.profiles import current_profile
-    from parity.mutants import expected_verdict, load_mutant
-    from parity.runner import run_case
-
-    mutant = load_mutant(name)
-    prof = current_profile()
-    # within the ci budget of generated engine sequences: the same example count as the passing run
-    out = run_generated("engine", device=device, kernel_forward=mutant.forward, repeat_every=0,
-                        collect_coverage=False, examples=prof.engine_examples, shrink_s=prof.fault_shrink_s, shrink_calls=prof.fault_shrink_calls,
-                        corpus_dir=tmp_path, corpus_info={"expect": f"fail:{name}"})
-    assert isinstance(out.error, ParityFailure), out.error
-    print("\n".join(describe(out.case)))
-    assert expected_verdict(name) in set(out.result.failures["verdict"])
-    assert _small(out.case), describe(out.case)
-    case, _ = load_case(out.saved)
-    assert not run_case(case, device=device, kernel_forward=mutant.forward).ok
-    assert run_case(case, device=device).ok
+    assert_planted_fault_found_and_shrunk("engine", name, device, tmp_path)
 
 
 def test_undersized_ring_found_only_by_the_oracle(device, warm_kernels):
@@ -168,7 +146,7 @@ def test_undersized_ring_found_only_by_the_oracle(device, warm_kernels):
     print("\n".join(describe(out.case)))
     bad = out.result.failures
     assert set(bad["output"]) == {"reference-vs-oracle"}, bad
-    assert _small(out.case)
+    assert is_small_case(out.case)
     from cases.coverage import classify_case
     assert classify_case(out.case)[0]["MTP rejection + replay"] > 0
 

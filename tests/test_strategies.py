@@ -24,6 +24,7 @@ from cases.strategies import TINY, batch_cases, configs, engine_cases, scaled
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolBlockIdError
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata
+from tests.helpers import assert_planted_fault_found_and_shrunk
 
 QUICK = settings(max_examples=40, deadline=None, database=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -244,32 +245,8 @@ def test_generated_batches_pass_and_report_coverage(device, warm_kernels, capsys
         assert cov[cls] > 0, cls
 
 
-def _small(case, *, steps=3, rows=24, requests=3) -> bool:
-    return (len(case.steps) <= steps and all(len(s.batch.requests) <= requests for s in case.steps)
-            and all(sum(r.query_len for r in s.batch.requests) <= rows for s in case.steps))
-
-
 @pytest.mark.parametrize("name", ["visible-off-by-one", "ring-capacity-p"])
 def test_planted_fault_found_by_generated_batches_and_shrunk(name, device, warm_kernels, tmp_path):
     """'own incomplete pool visible' (C09) and 'P-slot ring' (C21): the ci budget of generated
     batches finds each, shrinks it to a tiny case, and the corpus entry replays the failure."""
-    from cases.corpus import describe, load_case
-    from cases.generated import ParityFailure, run_generated
-    from cases.profiles import current_profile
-    from parity.mutants import expected_verdict, load_mutant
-    from parity.runner import run_case
-
-    mutant = load_mutant(name)
-    prof = current_profile()
-    # within the ci budget of generated batches: the same example count as the passing run
-    out = run_generated("batch", device=device, kernel_forward=mutant.forward, repeat_every=0,
-                        collect_coverage=False, examples=prof.batch_examples, shrink_s=prof.fault_shrink_s, shrink_calls=prof.fault_shrink_calls,
-                        corpus_dir=tmp_path, corpus_info={"expect": f"fail:{name}"})
-    assert isinstance(out.error, ParityFailure), out.error
-    print("\n".join(describe(out.case)))
-    assert expected_verdict(name) in set(out.result.failures["verdict"])
-    assert _small(out.case), describe(out.case)
-    case, info = load_case(out.saved)
-    assert info["expect"] == f"fail:{name}"
-    assert not run_case(case, device=device, kernel_forward=mutant.forward).ok
-    assert run_case(case, device=device).ok
+    assert_planted_fault_found_and_shrunk("batch", name, device, tmp_path)
