@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .errors import KPoolShapeError
 from .validation import validate_forward
 
 SCORE_SCRATCH_BYTES = 256 * 2 ** 20
@@ -39,7 +40,9 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         compute_topk: ``False`` = cache-only update, returns ``None`` (§5.5).
         output_buffer: optional int32 ``[>= T, >= W]`` caller buffer (unit column stride): rows
             ``< T`` are written (columns ``>= W`` set to -1), rows ``>= T`` untouched.
-        validate: run :func:`validate_forward` first (host sync); kernels keep their guards either way.
+        validate: run :func:`validate_forward` first (host sync). With ``False`` the caller
+            guarantees valid metadata: the kernels still skip out-of-range slots and ring blocks,
+            but trust ``cum_query_lens`` and ``positions`` to lie within the tensors.
         max_score_rows: force token chunking of the score scratch (results are chunk-invariant).
 
     Returns:
@@ -47,7 +50,8 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         or ``None`` when ``compute_topk=False``.
 
     Raises:
-        The :mod:`kpool.errors` exceptions of :func:`validate_forward`, before any launch.
+        The :mod:`kpool.errors` exceptions of :func:`validate_forward`, before any launch;
+        KPoolShapeError when the output or top-k buffers cannot be allocated (before any launch).
     """
     P = index_kpool
     W = index_topk + P - 1
@@ -66,6 +70,11 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
     from .ops import compress as compress_ops
     from .ops import indexer as indexer_ops
 
+    # Every buffer of the top-k path is allocated before the first launch: an impossible size
+    # (say a huge index_topk) fails here, with the caches untouched.
+    if compute_topk:
+        out, pool_ids, pool_scores, scratch, rows_per_chunk = _allocate(
+            k.device, T, W, t_live, index_topk // P, max_pool_seq_len, output_buffer, max_score_rows)
     if t_live > 0:
         compress_ops.compress_and_write_cache(
             k=k, gate=gate, ape=ape, compressed_cache=compressed_cache, tail_cache=tail_cache,
@@ -75,21 +84,14 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
     if not compute_topk:
         return None
 
-    out = output_buffer[:T] if output_buffer is not None else torch.empty((T, W), dtype=torch.int32, device=k.device)
     if T == 0:
         return out[:, :W].unsqueeze(1)
     if t_live == 0:
         out.fill_(-1)  # only padding rows: nothing to score or expand (§5.5 empty batch)
         return out[:, :W].unsqueeze(1)
 
-    selected = min(index_topk // P, max_pool_seq_len)
-    pool_ids = torch.empty((t_live, selected), dtype=torch.int32, device=k.device)
-    pool_scores = torch.empty((t_live, selected), dtype=torch.float32, device=k.device)
+    selected = pool_ids.shape[1]
     if selected > 0:
-        rows_per_chunk = max(1, SCORE_SCRATCH_BYTES // (4 * max_pool_seq_len))
-        if max_score_rows is not None:
-            rows_per_chunk = max(1, min(rows_per_chunk, max_score_rows))
-        scratch = torch.empty((min(rows_per_chunk, t_live), max_pool_seq_len), dtype=torch.float32, device=k.device)
         for row_start in range(0, t_live, rows_per_chunk):
             n = min(rows_per_chunk, t_live - row_start)
             scores = indexer_ops.score_pools(
@@ -104,3 +106,28 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         pool_ids=pool_ids, pool_scores=pool_scores, positions=positions, num_live_tokens=t_live,
         index_topk=index_topk, index_kpool=P, pack_tail=pack_tail, out=out)
     return out[:, :W].unsqueeze(1)
+
+
+def _allocate(device, T: int, W: int, t_live: int, k_pool: int, max_pool_seq_len: int, output_buffer,
+              max_score_rows):
+    """The top-k path's buffers: ``(out [T, >= W] int32, pool_ids [t_live, selected] int32,
+    pool_scores [t_live, selected] fp32, scratch [rows, max_pool_seq_len] fp32 or None,
+    rows_per_chunk)`` with ``selected = min(K_pool, max_pool_seq_len)`` (kpool-algorithm.md §4.4).
+
+    Raises:
+        KPoolShapeError: a buffer cannot be allocated (e.g. an absurd ``index_topk``).
+    """
+    selected = min(k_pool, max_pool_seq_len) if t_live > 0 else 0
+    rows_per_chunk = max(1, SCORE_SCRATCH_BYTES // (4 * max(1, max_pool_seq_len)))
+    if max_score_rows is not None:
+        rows_per_chunk = max(1, min(rows_per_chunk, max_score_rows))
+    try:
+        out = output_buffer[:T] if output_buffer is not None else torch.empty((T, W), dtype=torch.int32, device=device)
+        pool_ids = torch.empty((t_live, selected), dtype=torch.int32, device=device)
+        pool_scores = torch.empty((t_live, selected), dtype=torch.float32, device=device)
+        scratch = (torch.empty((min(rows_per_chunk, t_live), max_pool_seq_len), dtype=torch.float32, device=device)
+                   if selected > 0 else None)
+    except RuntimeError as exc:   # torch.OutOfMemoryError and the CPU allocator's error
+        raise KPoolShapeError(f"cannot allocate the top-k buffers for T={T} rows of width W={W} "
+                              f"({t_live} live rows, {selected} pools each): {exc}") from exc
+    return out, pool_ids, pool_scores, scratch, rows_per_chunk

@@ -45,13 +45,14 @@ def validate_forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, 
     ``compute_topk``); ape fp32 ``[P, D]``; compressed_cache bf16 ``[N, B, 1, D]``; tail_cache fp32
     ``[blocks, 2, C >= P, D]``; positions int64 ``[T]``; cum_query_lens, raw_seq_lens, seq_lens int32
     ``[R]``; block_table int32 ``[R, M]``; slot_mapping, tail_slot_mapping int64 ``[T]``;
-    tail_block_table int32 ``[R, >= 1]``; output_buffer int32 ``[>= T, >= W]`` with unit column stride.
+    tail_block_table int32 ``[R, >= 1]``; output_buffer int32 ``[>= T, >= W]`` with unit column stride
+    and rows that do not overlap (row stride >= width).
 
     Value rules: ``index_kpool > 0`` and ``index_topk % index_kpool == 0``; ``cum_query_lens``
     non-decreasing, ``>= 0`` and ``cum[R-1] <= T``; ``0 <= query_len <= raw_seq_lens``;
     ``seq_lens == raw_seq_lens // P`` (pool lengths, not raw lengths: pitfall §9.2);
     ``0 <= max(seq_lens) <= max_pool_seq_len <= M * B``; live positions contiguous per request
-    (``positions[qs + i] = raw - ql + i``) and ``< 2^31``; block ids of every page a request can
+    (``positions[qs + i] = raw - ql + i``) and ``< 2^31 - 1 - P``; block ids of every page a request can
     read in ``[0, N)``; ring blocks of requests with queries in ``[0, blocks)``; live
     ``slot_mapping`` in ``{-1} ∪ [0, N*B)``, live ``tail_slot_mapping`` in ``{-1} ∪ [0, blocks*C)``.
 
@@ -123,6 +124,10 @@ def validate_forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, 
                     f"output_buffer must be [>= {T}, >= {W}], got {list(output_buffer.shape)}")
             if output_buffer.stride(1) != 1:
                 raise KPoolShapeError("output_buffer must have unit column stride")
+            if T > 1 and output_buffer.stride(0) < output_buffer.shape[1]:
+                # every written row is written over the buffer's full width: rows must not overlap
+                raise KPoolShapeError(f"output_buffer rows overlap: row stride {output_buffer.stride(0)} < "
+                                      f"width {output_buffer.shape[1]}")
     devices = {t.device for t in (k, gate, ape, compressed_cache, tail_cache, positions, cum_query_lens,
                                   raw_seq_lens, seq_lens, block_table, slot_mapping, tail_block_table,
                                   tail_slot_mapping)}
@@ -163,8 +168,10 @@ def validate_forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, 
         bad = int(torch.nonzero(pos != expected)[0])
         raise KPoolMetadataError(
             f"row {bad}: position {int(pos[bad])} != {int(expected[bad])} (positions must be contiguous per request)")
-    if t_live and int(pos.max()) >= _INT32_LIMIT:
-        raise KPoolMetadataError("positions must be < 2^31")
+    if t_live and int(pos.max()) + P >= _INT32_LIMIT - 1:
+        # the kernels' int32 window arithmetic needs p + P < 2^31 - 1 (kpool/ops/compress.py)
+        raise KPoolMetadataError(f"positions must be < 2^31 - 1 - P = {_INT32_LIMIT - 1 - P}, "
+                                 f"got {int(pos.max())}")
 
     table = block_table.cpu().to(torch.int64)
     pages_used = (pools + B - 1) // B

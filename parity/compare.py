@@ -165,7 +165,8 @@ def compare_indices(kernel, reference, *, positions: torch.Tensor, cum_query_len
         index_topk / index_kpool / pack_tail: ``K_tok``, ``P``, tail layout.
         compute_topk: ``False`` requires ``None`` on both sides.
         kernel_buffer / reference_buffer: the int32 ``[capacity, width]`` caller buffers when the
-            step used one; their alignment columns ``[:T, W:width]`` are compared too.
+            step used one; their alignment columns ``[:T, W:width]`` are compared too, and each
+            side's ``[:T, :W]`` must hold exactly the rows it returned.
         context: :class:`parity.certificates.TieContext` of the step, or ``None`` (no
             certificate: exact-data cases).
 
@@ -237,6 +238,19 @@ def compare_indices(kernel, reference, *, positions: torch.Tensor, cum_query_len
         kv, rv = where.pop("_kr")
         out.append(finding(output, "wrong-tail", int(tail_mask.sum()),
                            detail=f"kernel={kv} reference={rv}", **where))
+    # The result must be the caller's buffer (kpool-algorithm.md §4.5: output_buffer[:T, :W]
+    # viewed as [T, 1, W]); a side returning other rows than it left in the buffer is wrong.
+    for side, ret, buf in (("kernel", k2, kernel_buffer), ("reference", r2, reference_buffer)):
+        if buf is None:
+            continue
+        held = buf.detach().cpu()[:T, :W]
+        apart = held != ret if held.shape == ret.shape else torch.ones_like(ret, dtype=torch.bool)
+        if apart.any():
+            where = loc(apart, ret, held if held.shape == ret.shape else ret)
+            kv, rv = where.pop("_kr")
+            out.append(finding(output, "wrong-index", int(apart.sum()),
+                               detail=f"{side} returned {kv} but left {rv} in output_buffer "
+                                      f"(the result must be output_buffer[:T, :W])", **where))
     hist_mask = diff & history
     if hist_mask.any():
         # §3.2: a row is certifiable only if its tail (and padding) columns agree.

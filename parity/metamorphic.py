@@ -242,6 +242,8 @@ def output_width(state: StepState, *, device, kernel_forward: Callable, extra_co
     base = state.base_run(kernel_forward, device)
     variant = _run(kernel_forward, state, device, out_buf=buf.view)
     expect = torch.full((T + 2, cfg.output_width + extra_cols), -1, dtype=torch.int32)
+    if base.out is not None:   # the base run's rows where they belong, -1 alignment columns
+        expect[:T, :cfg.output_width] = base.out.detach().cpu().reshape(T, -1)
     found = _compare("output-width", state, base, variant, kernel_buffer=buf.view.detach().cpu(),
                      reference_buffer=expect, what=f"buffer width W+{extra_cols}")
     chk = buf.check(before, T)

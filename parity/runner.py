@@ -132,6 +132,29 @@ def _to(x, dev):
     return x.to(dev, copy=True) if isinstance(x, torch.Tensor) else x
 
 
+def _modified_inputs(kwargs: dict, sources: dict) -> dict:
+    """``{name: elements changed}`` of every input tensor the forward wrote (bitwise; caches and
+    the output buffer are outputs and are not listed in ``sources``)."""
+    changed = {}
+    for name, src in sources.items():
+        got = kwargs.get(name)
+        if not isinstance(src, torch.Tensor) or not isinstance(got, torch.Tensor):
+            continue
+        a, b = got.detach().cpu(), src.detach().cpu()
+        if a.shape != b.shape or a.dtype != b.dtype:
+            changed[name] = max(a.numel(), b.numel(), 1)
+            continue
+        if a.element_size() in (1, 2, 4, 8) and a.numel():
+            a, b = a.contiguous().view(-1).view(_BITS[a.element_size()]), b.contiguous().view(-1).view(_BITS[b.element_size()])
+        n = int((a != b).sum())
+        if n:
+            changed[name] = n
+    return changed
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _call(fn: Callable, kwargs: dict, dev: torch.device):
     """Run ``fn(**kwargs)``; return ``(result, exception or None, wall seconds)``."""
     t0 = time.perf_counter()
@@ -309,7 +332,7 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
     ws = sen.EMPTY_WRITE_SET if step.expect_error else sen.compute_write_set(
         meta, index_kpool=P, ring_capacity=C, page_size=B, num_pages=geo.num_pages,
         num_tail_blocks=geo.num_tail_blocks, compute_topk=step.compute_topk)
-    results, times, det_rows = {}, {}, []
+    results, times, det_rows, modified_inputs = {}, {}, [], {}
     ref_fn = run.reference_forward
     if step.expect_error is not None:
         # parity-contract.md §5, both halves: the reference never validates (it must not import
@@ -322,8 +345,9 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
         pristine = side.caches.clone() if side is kernel and run.repeat > 1 else None
         buf = sen.allocate_output_buffer(step.output_buffer, device=side.dev) if step.output_buffer else None
         buf_before = buf.backing.detach().cpu().clone() if buf is not None else None
-        out, exc, wall = _call(fn, _forward_kwargs(case, step, meta, inputs, ape, side.caches, buf, side.dev),
-                               side.dev)
+        kwargs = _forward_kwargs(case, step, meta, inputs, ape, side.caches, buf, side.dev)
+        out, exc, wall = _call(fn, kwargs, side.dev)
+        modified_inputs[side.name] = _modified_inputs(kwargs, dict(inputs, ape=ape, **meta.forward_kwargs()))
         times[side.name] = wall
         if pristine is not None:
             t0 = time.perf_counter()
@@ -370,6 +394,11 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
         rows += cmp.compare_ring(kernel.caches.tail_cache, ref.caches.tail_cache)
     rows += cmp.sentinel_findings(kchecks, "kernel")
     rows += cmp.sentinel_findings(rchecks, "reference")
+    for side_name, changed in modified_inputs.items():
+        rows += [cmp.finding(f"inputs[{side_name}]", "stray-write", n, region=name,
+                             detail=f"{side_name} modified its input {name} in place ({n} elements); "
+                                    "inputs are read-only (the metadata is shared by every layer)")
+                 for name, n in changed.items()]
     rows += det_rows
     _localize(rows, case, meta, kbuf, run.kernel_forward, kernel.dev)
 

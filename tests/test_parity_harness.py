@@ -549,3 +549,51 @@ def test_planted_kernel_fault_is_caught(name):
                 request_ids=[0, 1], seed=1, output_buffer=OutputBufferSpec(capacity=21, width=12, row_step=1))
     res = run_case_cpu(_tiny_case(steps=[step]), kernel_forward=mutant.forward, check_oracle=False)
     assert expected_verdict(name) in set(res.failures["verdict"]), res.failures
+
+
+# ---- blind spots found by an adversarial trial ---------------------------------------------------
+
+def _full_padding_small():
+    from cases.scenarios import full_padding
+    return full_padding("small")
+
+
+def test_result_that_is_not_the_output_buffer_is_wrong_index():
+    """A forward that returns correct rows but leaves other values in the caller's buffer fails."""
+    from parity.runner import run_case
+    from reference.stateful import forward
+
+    def returns_a_copy(**kw):
+        out = forward(**kw)
+        if kw.get("output_buffer") is None or out is None:
+            return out
+        copy = out.clone()
+        kw["output_buffer"][0, 0] += 1          # the buffer no longer holds what was returned
+        return copy
+
+    case = _full_padding_small()
+    assert any(s.output_buffer for s in case.steps)
+    res = run_case(case, device=os.environ.get("KPOOL_DEVICE", "cpu"), kernel_forward=returns_a_copy,
+                   check_oracle=False)
+    bad = res.failures[res.failures["output"] == "indices"]
+    assert not bad.empty and set(bad["verdict"]) == {"wrong-index"}
+    first = bad.iloc[0]
+    assert "output_buffer" in first["detail"] and first["row"] == 0 and first["column"] == 0
+
+
+def test_forward_that_writes_its_inputs_is_a_stray_write():
+    """Inputs (and the metadata every layer shares) are read-only: an in-place write is reported."""
+    from parity.runner import run_case
+    from reference.stateful import forward
+
+    def clobbers_inputs(**kw):
+        out = forward(**kw)
+        kw["positions"].zero_()
+        kw["k"][0, 0] = float("nan")
+        return out
+
+    res = run_case(_full_padding_small(), device=os.environ.get("KPOOL_DEVICE", "cpu"),
+                   kernel_forward=clobbers_inputs, check_oracle=False)
+    bad = res.failures[res.failures["output"] == "inputs[kernel]"]
+    assert set(bad["verdict"]) == {"stray-write"} and set(bad["region"]) == {"positions", "k"}
+    assert (res.findings["output"] == "inputs[reference]").sum() == 0

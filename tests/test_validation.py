@@ -96,6 +96,20 @@ def _bad_ape(kw):
     kw["ape"] = kw["ape"][:2]
 
 
+def _overlapping_output_rows(kw):
+    T, W = kw["k"].shape[0], kw["index_topk"] + kw["index_kpool"] - 1
+    kw["output_buffer"] = torch.zeros(T + W, dtype=torch.int32, device=kw["k"].device).as_strided((T, W), (1, 1))
+
+
+def _broadcast_output_rows(kw):
+    T, W = kw["k"].shape[0], kw["index_topk"] + kw["index_kpool"] - 1
+    kw["output_buffer"] = torch.zeros(1, W, dtype=torch.int32, device=kw["k"].device).expand(T, W)
+
+
+def _unallocatable_topk(kw):
+    kw["index_topk"] = 2 ** 30 * kw["index_kpool"]     # a [T, ~2^32] output: cannot be allocated
+
+
 CASES = [
     (_bad_dtype_k, errors.KPoolDtypeError), (_bad_dtype_cache, errors.KPoolDtypeError),
     (_bad_weights_dtype, errors.KPoolDtypeError), (_bad_q_shape, errors.KPoolShapeError),
@@ -106,6 +120,8 @@ CASES = [
     (_raw_lens_as_pools, errors.KPoolMetadataError), (_positions_gap, errors.KPoolMetadataError),
     (_max_pool_too_small, errors.KPoolMetadataError), (_cum_beyond_rows, errors.KPoolMetadataError),
     (_narrow_output, errors.KPoolShapeError), (_bad_ape, errors.KPoolShapeError),
+    (_overlapping_output_rows, errors.KPoolShapeError), (_broadcast_output_rows, errors.KPoolShapeError),
+    (_unallocatable_topk, errors.KPoolShapeError),
 ]
 
 
@@ -135,3 +151,55 @@ def test_valid_batch_passes_and_writes(torch_device):
     assert out.shape == (kw["k"].shape[0], 1, SMALL.output_width)
     assert not torch.equal(before[0], _snapshot(caches)[0])
     assert not torch.equal(before[1], _snapshot(caches)[1])
+
+
+def _huge_position_batch(device, pos):
+    """One decode row at ``pos`` (completing a pool) against a compressed cache of 2^29 aliased
+    rows (stride 0), so ``seq_lens = (pos + 1) // 4`` fits a single logical page."""
+    D, P, C, B = 16, 4, 4, 2 ** 29
+    g = torch.Generator().manual_seed(0)
+    store = torch.zeros(D, dtype=torch.bfloat16, device=device)
+    cache = store.as_strided((1, B, 1, D), (D, 0, D, 1))
+    tail = torch.randn(1, 2, C, D, generator=g).to(device)
+    i32 = dict(dtype=torch.int32, device=device)
+    raw = pos + 1
+    kw = dict(k=torch.randn(1, D, generator=g).to(device), gate=torch.randn(1, D, generator=g).to(device),
+              q=None, weights=None, ape=torch.randn(P, D, generator=g).to(device),
+              compressed_cache=cache, tail_cache=tail, positions=torch.tensor([pos], device=device),
+              cum_query_lens=torch.tensor([1], **i32), raw_seq_lens=torch.tensor([raw], **i32),
+              seq_lens=torch.tensor([raw // P], **i32), block_table=torch.tensor([[0]], **i32),
+              slot_mapping=torch.tensor([0], device=device), tail_block_table=torch.tensor([[0]], **i32),
+              tail_slot_mapping=torch.tensor([pos % C], device=device), max_pool_seq_len=raw // P,
+              index_topk=8, index_kpool=P, compute_topk=False)
+    return store, tail, kw
+
+
+def test_positions_must_leave_room_for_the_kernels_int32_window(torch_device):
+    """The compress kernel's int32 window arithmetic needs ``p + P < 2^31 - 1``; a larger position
+    used to pass validation and then the pool was silently not written."""
+    store, tail, kw = _huge_position_batch(torch_device, 2 ** 31 - 5)
+    before = (store.clone(), tail.clone())
+    with pytest.raises(errors.KPoolMetadataError, match="2\\^31 - 1 - P"):
+        forward(**kw)
+    assert torch.equal(store, before[0]) and torch.equal(tail, before[1])
+    store, tail, kw = _huge_position_batch(torch_device, 2 ** 31 - 9)      # the largest pool end allowed
+    forward(**kw)
+    assert bool((store != 0).any())                                         # the pool was written
+
+
+@pytest.mark.parametrize("name", ["positions", "cum_query_lens", "seq_lens", "raw_seq_lens", "slot_mapping",
+                                  "tail_slot_mapping", "block_table", "tail_block_table"])
+def test_strided_metadata_gives_the_contiguous_result(name, torch_device):
+    """Every metadata tensor may be a strided view: same indices and caches as contiguous."""
+    caches, kw = small_batch(SMALL, device=torch_device)
+    twin = caches.clone()
+    want = forward(**dict(kw, compressed_cache=twin.compressed_cache, tail_cache=twin.tail_cache))
+    t = kw[name]
+    wide = torch.full((t.shape[0], 2) + tuple(t.shape[1:]), -7, dtype=t.dtype, device=t.device)
+    wide[:, 0] = t
+    kw[name] = wide[:, 0]                       # same values, row stride doubled
+    assert not kw[name].is_contiguous()
+    got = forward(**kw)
+    assert torch.equal(got, want)
+    assert torch.equal(caches.compressed_backing.view(torch.int16), twin.compressed_backing.view(torch.int16))
+    assert torch.equal(caches.tail_backing.view(torch.int32), twin.tail_backing.view(torch.int32))

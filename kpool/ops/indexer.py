@@ -248,7 +248,8 @@ def score_pools(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: tor
     ``compressed_cache[block_table[r, j // B], j % B, 0, :]`` (physical page clamped into
     ``[0, N-1]`` only for address legality); the raw score is ``reference.numerics.pool_scores``
     bit for bit, then ``sanitize_scores`` (``j >= visible``, NaN, ``<= LOWEST`` -> LOWEST,
-    ``> FLT_MAX`` -> FLT_MAX). Every pointer honours its tensor's strides. Mode ``"merged"``
+    ``> FLT_MAX`` -> FLT_MAX). q, weights, the cache, the block table and ``out`` are read through
+    their strides; positions, cum_query_lens and seq_lens are made contiguous first. Mode ``"merged"``
     first writes ``qbar`` (fp32 ``[num_rows, D]``, a temporary) with a second small kernel.
 
     Args:
@@ -319,6 +320,8 @@ def score_pools(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: tor
             H=H, D=D, DP=triton.next_power_of_2(D), W_BF16=w_bf16, BLOCK_ROWS=br, **options)
     else:
         qbar = out                              # unused placeholder pointer
+    # The kernel reads the 1-D metadata with unit stride (a copy only when a caller's is strided).
+    positions, cum_query_lens, seq_lens = positions.contiguous(), cum_query_lens.contiguous(), seq_lens.contiguous()
     span = 1 + sum((s - 1) * st for s, st in zip(compressed_cache.shape, compressed_cache.stride()))
     tiles = triton.cdiv(num_rows, br) * triton.cdiv(max_pool_seq_len, bp)
     _score_kernel[_grid(tiles, q)](
@@ -425,7 +428,7 @@ def expand_indices(*, pool_ids: torch.Tensor, pool_scores: torch.Tensor, positio
     Args:
         pool_ids: int32 ``[num_live_tokens, selected]`` selected pools in rank order (any strides).
         pool_scores: fp32 ``[num_live_tokens, selected]`` their sanitized scores.
-        positions: int64 ``[>= T]`` absolute positions (only live rows are read).
+        positions: int64 ``[>= T]`` absolute positions (only live rows are read; any stride).
         num_live_tokens: ``T_live``.
         index_topk, index_kpool: ``K_tok`` and ``P``.
         pack_tail: packed (column ``min(tail_start, K_tok)``) or fixed (column ``K_tok``) tail.
@@ -457,6 +460,7 @@ def expand_indices(*, pool_ids: torch.Tensor, pool_scores: torch.Tensor, positio
     br = block_rows or default_rows
     bc = block_cols or default_cols
     tiles = triton.cdiv(T, br) * triton.cdiv(width, bc)
+    positions = positions.contiguous()     # read with unit stride (a copy only when strided)
     _expand_kernel[_grid(tiles, out)](
         out, out.stride(0), T, width,
         positions, pool_ids, pool_ids.stride(0), pool_ids.stride(1),
