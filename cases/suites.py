@@ -42,6 +42,25 @@ def run_suite(args, device: str, console, *, prog: str = "python -m parity run")
     from parity.cli import SIZES, offset_seeds, select_cases
 
     parts = ["corpus", "seed", "public", "generated"] if args.suite == "all" else [args.suite]
+    if args.case and args.suite == "all":
+        console.print(f"{prog}: error: --case needs one suite (--suite seed, corpus or public), not all",
+                      markup=False)
+        return EXIT_USAGE
+    try:
+        from parity.session import resolve_kernel
+        kernel_forward = resolve_kernel(args.kernel)
+    except Exception as exc:
+        console.print(f"{prog}: error: cannot load kernel {args.kernel!r}: {type(exc).__name__}: {exc}",
+                      markup=False)
+        return EXIT_USAGE
+    if {"public", "generated"} & set(parts):
+        ignored = [flag for flag, used in (("--mode resync", args.mode != "lockstep"),
+                                           ("--repeat", args.repeat is not None),
+                                           ("--metamorphic", args.metamorphic is not None),
+                                           ("--jobs", getattr(args, "jobs", 1) != 1)) if used]
+        if ignored:
+            console.print(f"note: {', '.join(ignored)} apply to corpus and seed cases only; public and "
+                          "generated cases run lockstep, once, in this process", markup=False)
     status = EXIT_OK
     case_lists = []
     if "corpus" in parts:
@@ -65,14 +84,22 @@ def run_suite(args, device: str, console, *, prog: str = "python -m parity run")
                       "name (--suite public --case Cxx), a failing generated case is kept in cases/corpus",
                       markup=False)
     if "public" in parts:
-        status = max(status, run_public_suite(args, device, console))
+        status = max(status, run_public_suite(args, device, console, kernel_forward=kernel_forward))
     if "generated" in parts:
-        status = max(status, run_generated_suite(args, device, console))
+        status = max(status, run_generated_suite(args, device, console, kernel_forward=kernel_forward))
     return status
 
 
-def run_public_suite(args, device: str, console) -> int:
-    """Run every public case (or ``--case C09 ...``): harness findings plus stated-value checks."""
+def _part_path(path: str, part: str) -> str:
+    """``out/junit.xml`` -> ``out/junit-public.xml``: one file per suite part."""
+    root, ext = os.path.splitext(path)
+    return f"{root}-{part}{ext or '.xml'}"
+
+
+def run_public_suite(args, device: str, console, *, kernel_forward=None) -> int:
+    """Run every public case (or ``--case C09 ...``) on ``kernel_forward`` (default: the
+    production kernels): harness findings plus stated-value checks. ``--report DIR`` writes
+    ``DIR/public/``; ``--junit F`` writes ``F`` with ``-public`` before its extension."""
     from rich.markup import escape
 
     from parity import report
@@ -85,13 +112,13 @@ def run_public_suite(args, device: str, console) -> int:
                       f"known: {', '.join(PUBLIC_CASES)}", markup=False)
         return EXIT_USAGE
     selected = [PUBLIC_CASES[c] for c in wanted] or list(PUBLIC_CASES.values())
-    console.print(f"[bold]public[/]: {len(selected)} public failure cases on {device}")
+    console.print(f"[bold]public[/]: {len(selected)} public failure cases on {device}, kernel={escape(args.kernel)}")
     from .public import public_results
     t0 = time.perf_counter()
     results = []
     for pc in selected:
         t = time.perf_counter()
-        res = public_results(pc, device)
+        res = public_results(pc, device, kernel_forward=kernel_forward)
         results += res
         bad = sum(len(r.failures) for r in res)
         status = "[green]ok[/]" if not bad else f"[red]{bad} failures[/]"
@@ -104,12 +131,15 @@ def run_public_suite(args, device: str, console) -> int:
     if args.report:
         paths = report.write_report(df, os.path.join(args.report, "public"), wall_s=wall)
         console.print(escape(f"public report: {', '.join(paths.values())}"))
+    if getattr(args, "junit", None):
+        console.print(escape(f"public junit: {report.write_junit(df, _part_path(args.junit, 'public'))}"))
     return EXIT_FAIL if summary["failures"] else EXIT_OK
 
 
-def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine")) -> int:
-    """Run a profile's budget of generated batches and engine sequences; print coverage; save a
-    shrunk failure to the corpus."""
+def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine"), kernel_forward=None) -> int:
+    """Run a profile's budget of generated batches and engine sequences on ``kernel_forward``
+    (default: the production kernels); print coverage; save a shrunk failure to the corpus (only
+    when the production kernels are under test: a planted fault's case is not a regression)."""
     from rich.markup import escape
 
     from .corpus import default_directory
@@ -124,14 +154,16 @@ def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine")
         console.print(escape(str(exc)))
         return EXIT_USAGE
     warm = warm_kernels(device, kpools=prof.bounds.kpools, score_modes=("relu", "merged"))
-    console.print(f"[bold]generated[/]: profile {prof.name} ({prof.batch_examples} batches, {prof.engine_examples} "
+    console.print(f"[bold]generated[/]: kernel={escape(args.kernel)}, profile {prof.name} ({prof.batch_examples} batches, {prof.engine_examples} "
                   f"engine sequences; net deadline {prof.deadline_s:g} s excluding Triton compilation; kernels "
                   f"warmed in {warm:.1f} s)")
     status, total = EXIT_OK, Coverage()
     summary = {}
     seed = args.seed if getattr(args, "seed", 0) else None
     for kind in kinds:
-        out = run_generated(kind, device=device, profile=prof, seed=seed, corpus_dir=default_directory(),
+        out = run_generated(kind, device=device, profile=prof, seed=seed, kernel_forward=kernel_forward,
+                            check_oracle=not args.no_oracle,
+                            corpus_dir=default_directory() if args.kernel == "kpool" else None,
                             corpus_info={"note": f"found by python -m parity run --suite generated ({prof.name})"})
         total.merge(out.coverage)
         line = (f"  generated {kind}: {out.passed_examples} examples passed, {out.examples} run, "

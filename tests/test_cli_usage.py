@@ -28,3 +28,19 @@ def test_record_says_which_suites_it_bundles(tmp_path, capsys, device):
     captured = capsys.readouterr()
     assert "record writes bundles for corpus and seed cases only" in captured.out
     assert not out.exists()
+
+
+def test_public_suite_runs_the_kernel_under_test(tmp_path, capsys, device):
+    """``--kernel`` reaches the public cases (it used to be dropped: a planted fault passed), and
+    ``--junit`` writes the public part next to the given path."""
+    junit = tmp_path / "junit.xml"
+    assert main(["run", "--device", device, "--suite", "public", "--case", "C09",
+                 "--kernel", "mutant:visible-off-by-one", "--junit", str(junit)]) == 1
+    assert "kernel=mutant:visible-off-by-one" in capsys.readouterr().out
+    assert (tmp_path / "junit-public.xml").is_file()
+    assert main(["run", "--device", device, "--suite", "public", "--case", "C09", "--junit", str(junit)]) == 0
+
+
+def test_case_with_suite_all_is_a_usage_error(capsys, device):
+    assert main(["run", "--device", device, "--suite", "all", "--case", "decode-tail"]) == 2
+    assert "--case needs one suite" in capsys.readouterr().out
