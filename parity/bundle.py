@@ -222,7 +222,7 @@ def replay_command(directory: str) -> str:
     """The one-line command that replays a bundle, with this interpreter (a bare ``python`` may
     not be the one that has torch and the harness)."""
     import sys
-    target = os.path.relpath(directory) if not os.path.isabs(directory) else directory
+    target = os.path.abspath(directory)     # works from any directory
     return f"{shlex.quote(sys.executable)} -m parity replay {shlex.quote(target)}"
 
 
@@ -296,25 +296,56 @@ def load_bundle(directory: str) -> Bundle:
     """Load a bundle written by :func:`write_bundle`.
 
     Raises:
-        FileNotFoundError: not a bundle directory. ValueError: unknown format version.
+        FileNotFoundError: not a bundle directory. ValueError: unknown format version, a damaged
+        file, or a kernel spec outside this checkout (:func:`_check_kernel_spec`).
     """
     from .session import RunOptions
     path = os.path.join(directory, "case.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{directory!r} is not a parity bundle (no case.json)")
-    with open(path) as f:
-        data = json.load(f)
-    if data.get("format") != BUNDLE_FORMAT:
-        raise ValueError(f"bundle format {data.get('format')!r} is not {BUNDLE_FORMAT}")
-    tensors = torch.load(os.path.join(directory, "inputs.pt"), weights_only=True)
-    outputs = torch.load(os.path.join(directory, "outputs.pt"), weights_only=True)
-    with open(os.path.join(directory, "environment.json")) as f:
-        env = json.load(f)
-    with open(os.path.join(directory, "findings.json")) as f:
-        records = json.load(f)
-    findings = cmp.findings_frame([{k: v for k, v in r.items() if k in cmp.FINDING_COLUMNS} for r in records])
-    return Bundle(path=directory, case=case_from_bundle(data["case"], tensors), options=RunOptions.from_dict(data["run"]),
-                  findings=findings, environment=env, outputs=outputs, data=data)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or data.get("format") != BUNDLE_FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"bundle format {got!r} is not {BUNDLE_FORMAT}")
+        tensors = torch.load(os.path.join(directory, "inputs.pt"), weights_only=True)
+        outputs = torch.load(os.path.join(directory, "outputs.pt"), weights_only=True)
+        with open(os.path.join(directory, "environment.json")) as f:
+            env = json.load(f)
+        with open(os.path.join(directory, "findings.json")) as f:
+            records = json.load(f)
+        if not isinstance(env, dict) or not isinstance(records, list):
+            raise ValueError("environment.json must hold an object and findings.json a list")
+        findings = cmp.findings_frame([{k: v for k, v in r.items() if k in cmp.FINDING_COLUMNS} for r in records])
+        bundle = Bundle(path=directory, case=case_from_bundle(data["case"], tensors),
+                        options=RunOptions.from_dict(data["run"]), findings=findings, environment=env,
+                        outputs=outputs, data=data)
+    except ValueError:
+        raise
+    except Exception as exc:   # a damaged file: say which bundle, not a traceback
+        raise ValueError(f"{directory!r} is not a readable parity bundle: {type(exc).__name__}: {exc}") from exc
+    _check_kernel_spec(bundle.options.kernel)
+    return bundle
+
+
+REPLAYABLE_MODULES = ("kpool", "parity", "cases", "reference", "tests")
+"""Top-level packages of this checkout whose functions a bundle may name as its kernel."""
+
+
+def _check_kernel_spec(spec: str) -> None:
+    """A bundle must not choose arbitrary code to run: its kernel is ``kpool``, ``mutant:NAME``
+    or a function of this checkout's packages (:data:`REPLAYABLE_MODULES`).
+
+    Raises:
+        ValueError: any other spec.
+    """
+    if spec == "kpool" or spec.startswith("mutant:"):
+        return
+    if spec.split(":", 1)[0].split(".", 1)[0] not in REPLAYABLE_MODULES:
+        raise ValueError(f"the bundle names kernel {spec!r}; replay runs only kpool, mutant:NAME or a function "
+                         f"of {', '.join(REPLAYABLE_MODULES)} (rerun other kernels with python -m parity run "
+                         f"--kernel)")
 
 
 def finding_key(df: pd.DataFrame, *, with_programs: bool) -> pd.DataFrame:

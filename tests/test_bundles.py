@@ -107,7 +107,7 @@ def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path, device):
                    device=device)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rel = os.path.join("rep", "bundles", "prefill-tail-small")
-    assert f"-m parity replay {rel}" in proc.stdout
+    assert f"-m parity replay {tmp_path / rel}" in proc.stdout      # absolute: works from anywhere
     assert os.path.isfile(tmp_path / rel / "case.json")
     junit = ET.parse(tmp_path / "rep" / "junit.xml").getroot()
     df = pd.read_csv(tmp_path / "rep" / "results.csv")
@@ -142,3 +142,40 @@ def test_bundle_name_and_unknown_format(tmp_path):
         bundle.load_bundle(str(tmp_path))
     with pytest.raises(FileNotFoundError):
         bundle.load_bundle(str(tmp_path / "missing"))
+
+
+def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device):
+    """A damaged file or a kernel spec outside this checkout: exit 2 with the reason, no traceback,
+    nothing run."""
+    import shutil
+    from parity.cli import main
+    from kpool.platform import resolve_device
+    resolve_device(device)
+    out = tmp_path / "b"
+    assert main(["record", "--device", device, "--case", "prefill-topk", "--size", "small", "--repeat", "1",
+                 "--bundle-dir", str(out)]) == 0
+    good = out / "prefill-topk-small"
+
+    def damaged(name, edit):
+        path = tmp_path / name
+        shutil.copytree(good, path)
+        edit(path)
+        return str(path)
+
+    def set_kernel(spec):
+        def edit(path):
+            data = json.load(open(path / "case.json"))
+            data["run"]["kernel"] = spec
+            json.dump(data, open(path / "case.json", "w"))
+        return edit
+
+    cases = {
+        "garbage-inputs": (lambda p: (p / "inputs.pt").write_bytes(b"not a tensor file"), "not a readable parity bundle"),
+        "null-environment": (lambda p: (p / "environment.json").write_text("null"), "environment.json must hold"),
+        "os-system": (set_kernel("os:system"), "replay runs only kpool"),
+    }
+    capsys.readouterr()
+    for name, (edit, reason) in cases.items():
+        assert main(["replay", damaged(name, edit)]) == 2, name
+        assert reason in capsys.readouterr().err, name
+    assert main(["replay", damaged("own-module", set_kernel("tests.test_reports:planted_fault"))]) in (0, 1)
