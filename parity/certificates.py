@@ -315,15 +315,9 @@ class TieContext:
         return self._host[name]
 
 
-def row_scores_f64(ctx: TieContext, t: int, cache: torch.Tensor):
-    """float64 scores and accumulation bounds of every visible pool of row ``t``
-    (kpool-algorithm.md §4.1-§4.2).
-
-    Returns:
-        ``(scores float64 [v], bounds float64 [v])`` with ``v = min((p+1)//P, seq_lens[r])``;
-        ``bounds[j] = gamma_n * sum_{h,d} |w_h q_hd c_jd|`` (:func:`score_terms`). A pool whose
-        score is NaN (a NaN key) gets ``-inf`` (sanitized, never selectable).
-    """
+def visible_keys_f64(ctx: TieContext, t: int, cache: torch.Tensor) -> np.ndarray:
+    """float64 ``[v, D]`` pooled keys of row ``t``'s visible pools, ``v = min((p+1)//P,
+    seq_lens[r])``, read through the block table (kpool-algorithm.md §4.1)."""
     P = ctx.index_kpool
     cum = [int(c) for c in ctx.host("cum_query_lens").tolist()]
     r = bisect.bisect_right(cum, t)
@@ -334,7 +328,21 @@ def row_scores_f64(ctx: TieContext, t: int, cache: torch.Tensor):
     M = int(bt.shape[0])
     pages = [min(max(int(bt[min(j // B, M - 1)]), 0), N - 1) for j in range(v)]
     # The kernel side's cache lives on the device: gather there, compute on the host.
-    c = cache[pages, [j % B for j in range(v)], 0].cpu().to(torch.float64).numpy() if v else np.zeros((0, D))
+    return cache[pages, [j % B for j in range(v)], 0].cpu().to(torch.float64).numpy() if v else np.zeros((0, D))
+
+
+def row_scores_f64(ctx: TieContext, t: int, cache: torch.Tensor):
+    """float64 scores and accumulation bounds of every visible pool of row ``t``
+    (kpool-algorithm.md §4.1-§4.2).
+
+    Returns:
+        ``(scores float64 [v], bounds float64 [v])`` with ``v = min((p+1)//P, seq_lens[r])``;
+        ``bounds[j] = gamma_n * sum_{h,d} |w_h q_hd c_jd|`` (:func:`score_terms`). A pool whose
+        score is NaN (a NaN key) gets ``-inf`` (sanitized, never selectable).
+    """
+    c = visible_keys_f64(ctx, t, cache)
+    D = c.shape[1]
+    v = c.shape[0]
     q = ctx.host("q")[t].to(torch.float64).numpy()                    # [H, D]
     w = ctx.host("weights")[t].to(torch.float64).numpy()              # [H]
     if ctx.score_mode == "relu":
@@ -384,9 +392,53 @@ def parse_row(row: Sequence[int], tail: Sequence[bool], *, index_topk: int, inde
     return pools, ok
 
 
-def _canonical_within(pools: List[int], scores: np.ndarray, tol: float) -> Optional[str]:
+def exact_tie_classes(ctx: TieContext, t: int, cache: torch.Tensor) -> list:
+    """One hashable class per visible pool of row ``t``: pools of one class score bitwise alike
+    on every backend, so their order is fixed by parity-contract.md §2 (lower id first).
+
+    Two sources: bitwise-identical keys (the same operations on the same bits), and in relu mode
+    (kpool-algorithm.md §4.2 (R)) every head's dot product provably negative, i.e. below
+    ``-gamma_D * sum_d |q_hd c_jd|``, so every backend's score is exactly zero.
+    """
+    keys = visible_keys_f64(ctx, t, cache)
+    classes = [("key", keys[j].tobytes()) for j in range(keys.shape[0])]
+    if ctx.score_mode == "relu" and keys.shape[0]:
+        q = ctx.host("q")[t].to(torch.float64).numpy()                # [H, D]
+        dots, mags = keys @ q.T, np.abs(keys) @ np.abs(q).T           # [v, H]
+        zero = (dots < -gamma(q.shape[1]) * mags).all(axis=1)
+        classes = [("relu-zero",) if z else c for c, z in zip(classes, zero.tolist())]
+    return classes
+
+
+def _exact_tie_order(sel: List[int], scores: np.ndarray, classes: list) -> Optional[str]:
+    """None unless two visible pools of one :func:`exact_tie_classes` class break their tie
+    toward the higher pool id: the lower id comes first, and a higher id is never selected while
+    the lower one is left out."""
+    rank = {p: i for i, p in enumerate(sel)}
+    groups: dict = {}
+    for j, cls in enumerate(classes):
+        if np.isfinite(scores[j]):
+            groups.setdefault(cls, []).append(j)
+    for ids in groups.values():
+        for a, b in zip(ids, ids[1:]):         # a < b, identical keys
+            if b in rank and (a not in rank or rank[a] > rank[b]):
+                where = "left out" if a not in rank else "ranked below it"
+                why = "a provably zero score" if _class_of(groups, a) == ("relu-zero",) else "the identical key"
+                return (f"pool {b} selected while pool {a} with {why} is {where} "
+                        "(exact ties go to the lower id)")
+    return None
+
+
+def _class_of(groups: dict, pool: int):
+    """The class of ``pool`` in ``groups`` (class -> pool ids)."""
+    return next(c for c, ids in groups.items() if pool in ids)
+
+
+def _canonical_within(pools: List[int], scores: np.ndarray, tol: float,
+                      classes: Optional[list] = None) -> Optional[str]:
     """None if ``pools`` (filled slots, in rank order) is the canonical top-k of some scores
-    within ``tol`` of ``scores`` (pairwise necessary conditions), else why not."""
+    within ``tol`` of ``scores`` (pairwise necessary conditions, and the exact tie order within
+    each :func:`exact_tie_classes` class when given), else why not."""
     v = scores.shape[0]
     sel = [p for p in pools if p >= 0]
     if any(p >= v for p in sel):
@@ -404,7 +456,7 @@ def _canonical_within(pools: List[int], scores: np.ndarray, tol: float) -> Optio
                     f"selected pool {sel[-1]} (tolerance {tol:.3g})")
     if len(sel) < min(len(pools), int(np.isfinite(scores).sum())):
         return f"{len(sel)} pools selected, {int(np.isfinite(scores).sum())} selectable"
-    return None
+    return _exact_tie_order(sel, scores, classes) if classes is not None else None
 
 
 def certify_tie_row(ctx: TieContext, t: int, kernel_row: Sequence[int], reference_row: Sequence[int],
@@ -416,7 +468,8 @@ def certify_tie_row(ctx: TieContext, t: int, kernel_row: Sequence[int], referenc
     symmetric difference of the two selections, and every pair ranked in opposite orders, within
     ``tol = 2 * max_j bound_j`` of the boundary score (the ``K_pool``-th largest float64 score)
     respectively of each other; each row canonical for its own scores within ``tol``
-    (:func:`_canonical_within`). ``tol`` is proven: if every fp32 score is within ``bound_max``
+    (:func:`_canonical_within`), pools that tie exactly on every backend in id order
+    (:func:`exact_tie_classes`). ``tol`` is proven: if every fp32 score is within ``bound_max``
     of its exact value, the fp32 top-k can only differ from the exact one in pools within
     ``2 * bound_max`` of the exact boundary.
 
@@ -432,8 +485,8 @@ def certify_tie_row(ctx: TieContext, t: int, kernel_row: Sequence[int], referenc
     ks, kb = row_scores_f64(ctx, t, ctx.kernel_cache)
     rs, rb = row_scores_f64(ctx, t, ctx.reference_cache)
     tol = 2.0 * float(max(kb.max(initial=0.0), rb.max(initial=0.0)))
-    for name, pools, scores in (("kernel", kp, ks), ("reference", rp, rs)):
-        why = _canonical_within(pools, scores, tol)
+    for name, pools, scores, cache in (("kernel", kp, ks, ctx.kernel_cache), ("reference", rp, rs, ctx.reference_cache)):
+        why = _canonical_within(pools, scores, tol, classes=exact_tie_classes(ctx, t, cache))
         if why:
             return False, f"{name} row: {why}"
     sel_k, sel_r = [p for p in kp if p >= 0], [p for p in rp if p >= 0]

@@ -321,10 +321,20 @@ def test_runner_fails_two_ulps_and_exact_data():
     assert "cache-mismatch" in set(res.failures["verdict"]) and "rounding-boundary" not in set(res.findings["verdict"])
 
 
-def _tie_case(values="random"):
-    """Exact-logit pools [3, 2, 2, 1]: pools 1 and 2 tie exactly (K_pool = 2 picks 0 and 1)."""
-    steps = [Step("prefill", BatchSpec([RequestSpec(0, 17, [4, 1], 1)]), request_ids=[0], seed=1,
-                  inputs=exact_logit_inputs({0: [3.0, 2.0, 2.0, 1.0]}))]
+def _tie_case(values="random", identical_keys=False):
+    """Exact-logit pools [3, 2, 2, 1]: pools 1 and 2 tie exactly (K_pool = 2 picks 0 and 1).
+    Their keys differ (pool 1 also has 1.0 in channel 1, which no query reads) unless
+    ``identical_keys``: identical keys score identically on every backend, so no swap of them
+    is ever a legitimate tie."""
+    base = exact_logit_inputs({0: [3.0, 2.0, 2.0, 1.0]})
+
+    def inputs(case, step, meta):
+        x = base(case, step, meta)
+        if not identical_keys:
+            pool1 = (meta.positions.cpu() // P == 1) & (torch.arange(meta.num_tokens) < meta.num_live_tokens)
+            x["k"][pool1, 1] = 1.0
+        return x
+    steps = [Step("prefill", BatchSpec([RequestSpec(0, 17, [4, 1], 1)]), request_ids=[0], seed=1, inputs=inputs)]
     return Case("tie", "small", SMALL, _geometry(), steps, ape=torch.zeros(P, D), seed=4, values=values)
 
 
@@ -358,6 +368,10 @@ def test_runner_certifies_a_tie_and_fails_a_far_swap_and_a_tail():
     assert verdicts["wrong-tail"] == 16 and verdicts["wrong-index"] == 16 and verdicts["tie-equivalent"] == 11
     res = _run(_tie_case(values="exact"), _swapping_kernel(2))
     assert set(res.failures["verdict"]) == {"wrong-index"}
+    # the same swap between pools with bitwise-identical keys: not a tie any backend can produce
+    res = _run(_tie_case(identical_keys=True), _swapping_kernel(2))
+    (bad,) = res.failures.to_dict("records")
+    assert bad["verdict"] == "wrong-index" and "identical key" in bad["detail"], bad["detail"]
 
 
 # --------------------------------------------------------------------------- determinism
@@ -465,3 +479,23 @@ def test_findings_name_the_writing_program(device, torch_device):
         assert r["kernel"] == "expand"
         assert r["program_id"] == programs.expand_program(r["row"], r["column"], num_rows=100, width=W, backend=device)
         assert "_score_kernel" in r["detail"]
+
+
+def test_exact_ties_broken_toward_the_higher_id_are_not_certified(monkeypatch):
+    """Random-data seed case: rows whose relu scores are provably exactly zero (every head's dot
+    below minus its accumulation bound) tie on every backend, so a top-k that breaks them toward
+    the higher pool id is wrong-index, not tie-equivalent (it used to be certified)."""
+    from cases.scenarios import prefill_topk
+    from kpool.indexer import forward as kernel_forward
+    from kpool.ops import indexer as ki
+
+    def ties_to_higher_id(scores, selected):
+        n = scores.shape[1]
+        values, ids = torch.sort(scores.flip(1), dim=1, descending=True, stable=True)
+        return (n - 1 - ids)[:, :selected].to(torch.int32), values[:, :selected]
+
+    monkeypatch.setattr(ki, "select_topk", ties_to_higher_id)
+    res = _run(prefill_topk("small"), kernel_forward, check_oracle=False)
+    assert "tie-equivalent" not in set(res.findings["verdict"])
+    bad = res.failures[res.failures["verdict"] == "wrong-index"]
+    assert not bad.empty and bad["detail"].str.contains("exact ties go to the lower id").any()
