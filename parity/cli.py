@@ -101,6 +101,8 @@ def select_cases(cases: Sequence, names: Optional[Sequence[str]]) -> List:
     unknown = sorted(wanted - known)
     if unknown:
         hint = "; public cases C01..C31 need --suite public" if any(u.upper().startswith("C") for u in unknown) else ""
+        if any("[" in u for u in unknown):
+            hint += "; name[size] needs that size selected (--size all or --size SIZE)"
         raise KeyError(f"unknown case(s) {unknown}; available: {sorted({c.name for c in cases})}{hint}")
     return [c for c in cases if c.name in wanted or c.case_id in wanted]
 

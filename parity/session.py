@@ -8,6 +8,7 @@ the device (``kpool.platform.resolve_device``) before :func:`run_cases`.
 from __future__ import annotations
 
 import importlib
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, List, Optional, Sequence
 
@@ -134,7 +135,9 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
     def finish(case, res):
         if options.metamorphic:
             from .metamorphic import run_relations
+            t0 = time.perf_counter()
             extra = run_relations(case, options.metamorphic, device=options.device, kernel_forward=fn)
+            res.wall_s += time.perf_counter() - t0     # the case line's time includes its relations
             if len(extra):
                 for col in ("worker", "worker_device"):
                     if col in res.findings.columns:

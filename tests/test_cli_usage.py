@@ -8,6 +8,7 @@ from parity.cli import main
     (["run", "--suite", "public", "--case", "nosuch"], "unknown public case"),
     (["run", "--kernel", "mutant:nope", "--case", "decode-tail"], "known: visible-off-by-one"),
     (["run", "--case", "C05"], "need --suite public"),
+    (["run", "--case", "decode-tail[glm5.3-flash]"], "needs that size selected"),
 ])
 def test_usage_errors_exit_2_and_name_the_alternatives(argv, needle, capsys, device):
     assert main([argv[0], "--device", device, *argv[1:]]) == 2
