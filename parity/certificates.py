@@ -331,16 +331,17 @@ def visible_keys_f64(ctx: TieContext, t: int, cache: torch.Tensor) -> np.ndarray
     return cache[pages, [j % B for j in range(v)], 0].cpu().to(torch.float64).numpy() if v else np.zeros((0, D))
 
 
-def row_scores_f64(ctx: TieContext, t: int, cache: torch.Tensor):
+def row_scores_f64(ctx: TieContext, t: int, cache: torch.Tensor, *, keys: Optional[np.ndarray] = None):
     """float64 scores and accumulation bounds of every visible pool of row ``t``
     (kpool-algorithm.md §4.1-§4.2).
 
     Returns:
         ``(scores float64 [v], bounds float64 [v])`` with ``v = min((p+1)//P, seq_lens[r])``;
         ``bounds[j] = gamma_n * sum_{h,d} |w_h q_hd c_jd|`` (:func:`score_terms`). A pool whose
-        score is NaN (a NaN key) gets ``-inf`` (sanitized, never selectable).
+        score is NaN (a NaN key) gets ``-inf`` (sanitized, never selectable). ``keys``: the
+        row's :func:`visible_keys_f64` when the caller already gathered them.
     """
-    c = visible_keys_f64(ctx, t, cache)
+    c = visible_keys_f64(ctx, t, cache) if keys is None else keys
     D = c.shape[1]
     v = c.shape[0]
     q = ctx.host("q")[t].to(torch.float64).numpy()                    # [H, D]
@@ -392,15 +393,14 @@ def parse_row(row: Sequence[int], tail: Sequence[bool], *, index_topk: int, inde
     return pools, ok
 
 
-def exact_tie_classes(ctx: TieContext, t: int, cache: torch.Tensor) -> list:
-    """One hashable class per visible pool of row ``t``: pools of one class score bitwise alike
+def exact_tie_classes(ctx: TieContext, t: int, keys: np.ndarray) -> list:
+    """One hashable class per visible pool of row ``t`` (``keys``: its :func:`visible_keys_f64`): pools of one class score bitwise alike
     on every backend, so their order is fixed by parity-contract.md §2 (lower id first).
 
     Two sources: bitwise-identical keys (the same operations on the same bits), and in relu mode
     (kpool-algorithm.md §4.2 (R)) every head's dot product provably negative, i.e. below
     ``-gamma_D * sum_d |q_hd c_jd|``, so every backend's score is exactly zero.
     """
-    keys = visible_keys_f64(ctx, t, cache)
     classes = [("key", keys[j].tobytes()) for j in range(keys.shape[0])]
     if ctx.score_mode == "relu" and keys.shape[0]:
         q = ctx.host("q")[t].to(torch.float64).numpy()                # [H, D]
@@ -419,19 +419,14 @@ def _exact_tie_order(sel: List[int], scores: np.ndarray, classes: list) -> Optio
     for j, cls in enumerate(classes):
         if np.isfinite(scores[j]):
             groups.setdefault(cls, []).append(j)
-    for ids in groups.values():
-        for a, b in zip(ids, ids[1:]):         # a < b, identical keys
+    for cls, ids in groups.items():
+        for a, b in zip(ids, ids[1:]):         # a < b, one exact-tie class
             if b in rank and (a not in rank or rank[a] > rank[b]):
                 where = "left out" if a not in rank else "ranked below it"
-                why = "a provably zero score" if _class_of(groups, a) == ("relu-zero",) else "the identical key"
+                why = "a provably zero score" if cls == ("relu-zero",) else "the identical key"
                 return (f"pool {b} selected while pool {a} with {why} is {where} "
                         "(exact ties go to the lower id)")
     return None
-
-
-def _class_of(groups: dict, pool: int):
-    """The class of ``pool`` in ``groups`` (class -> pool ids)."""
-    return next(c for c, ids in groups.items() if pool in ids)
 
 
 def _canonical_within(pools: List[int], scores: np.ndarray, tol: float,
@@ -482,11 +477,12 @@ def certify_tie_row(ctx: TieContext, t: int, kernel_row: Sequence[int], referenc
         return False, f"{'kernel' if not k_ok else 'reference'} row is not a well-formed selection"
     if [p < 0 for p in kp] != [p < 0 for p in rp]:
         return False, "the -1 slots differ"
-    ks, kb = row_scores_f64(ctx, t, ctx.kernel_cache)
-    rs, rb = row_scores_f64(ctx, t, ctx.reference_cache)
+    kkeys, rkeys = visible_keys_f64(ctx, t, ctx.kernel_cache), visible_keys_f64(ctx, t, ctx.reference_cache)
+    ks, kb = row_scores_f64(ctx, t, ctx.kernel_cache, keys=kkeys)
+    rs, rb = row_scores_f64(ctx, t, ctx.reference_cache, keys=rkeys)
     tol = 2.0 * float(max(kb.max(initial=0.0), rb.max(initial=0.0)))
-    for name, pools, scores, cache in (("kernel", kp, ks, ctx.kernel_cache), ("reference", rp, rs, ctx.reference_cache)):
-        why = _canonical_within(pools, scores, tol, classes=exact_tie_classes(ctx, t, cache))
+    for name, pools, scores, keys in (("kernel", kp, ks, kkeys), ("reference", rp, rs, rkeys)):
+        why = _canonical_within(pools, scores, tol, classes=exact_tie_classes(ctx, t, keys))
         if why:
             return False, f"{name} row: {why}"
     sel_k, sel_r = [p for p in kp if p >= 0], [p for p in rp if p >= 0]
