@@ -167,6 +167,20 @@ def public_results(pc: PublicCase, device, *, kernel_forward=None):
 
 # ---- helpers -----------------------------------------------------------------------------------
 
+def _context_then_decode_steps(positions, inputs, *, num_tokens: int) -> list:
+    """Request ``r`` (pages ``10r .. 10r + 9``, ring block ``r``) gets a cache-only context of
+    ``positions[r]`` tokens, then one decode token eagerly and the same decode again in FULL mode
+    padded to ``num_tokens`` rows."""
+    ids = list(range(len(positions)))
+    tables = {r: list(range(r * 10, r * 10 + 10)) for r in ids}
+    ctx = _step("context", [(0, p, tables[r], r) for r, p in enumerate(positions)], ids, inputs=inputs,
+                compute_topk=False)
+    dec = [(p, 1, tables[r], r) for r, p in enumerate(positions)]
+    return [ctx, _step("decode", dec, ids, inputs=inputs),
+            _step("decode-full", dec, ids, inputs=inputs, num_tokens=num_tokens, full_mode=True,
+                  block_table_width=10)]
+
+
 def _cfg(**kw) -> KPoolConfig:
     # H = 2, D = 16 (SMALL's shapes, the ones every backend has compiled): the exact-logit
     # inputs use head 0 only, so the extra head changes no stated value.
@@ -1088,13 +1102,7 @@ def _c27_cases() -> List[Case]:
     cfg = KPoolConfig(index_n_heads=32, index_head_dim=16, index_kpool=1, index_topk=16)
     inputs = TokenInputs(cfg, seed=2727)
     pos = [v - 1 for v in C27_VISIBLE]                        # P = 1: visible = p + 1
-    tables = {r: list(range(r * 10, r * 10 + 10)) for r in range(4)}
-    ctx = _step("context", [(0, p, tables[r], r) for r, p in enumerate(pos)], [0, 1, 2, 3], inputs=inputs,
-                compute_topk=False)
-    dec = [(p, 1, tables[r], r) for r, p in enumerate(pos)]
-    steps = [ctx, _step("decode", dec, [0, 1, 2, 3], inputs=inputs),
-             _step("decode-full", dec, [0, 1, 2, 3], inputs=inputs, num_tokens=8, full_mode=True,
-                   block_table_width=10)]
+    steps = _context_then_decode_steps(pos, inputs, num_tokens=8)
     return [_case("determinism", cfg, _geo(num_pages=40, page_size=32, blocks=4), steps)]
 
 
@@ -1161,12 +1169,7 @@ def _c29_cases() -> List[Case]:
     cfg = KPoolConfig(index_n_heads=2, index_head_dim=16, index_kpool=4, index_topk=2048)
     inputs = TokenInputs(cfg, seed=2929)
     pos = [4 * v + 2 for v in C29_VISIBLE]                  # visible = v, tail of 3 tokens
-    tables = {r: list(range(r * 10, r * 10 + 10)) for r in range(3)}
-    ctx = _step("context", [(0, p, tables[r], r) for r, p in enumerate(pos)], [0, 1, 2], inputs=inputs,
-                compute_topk=False)
-    dec = [(p, 1, tables[r], r) for r, p in enumerate(pos)]
-    steps = [ctx, _step("decode", dec, [0, 1, 2], inputs=inputs),
-             _step("decode-full", dec, [0, 1, 2], inputs=inputs, num_tokens=4, full_mode=True, block_table_width=10)]
+    steps = _context_then_decode_steps(pos, inputs, num_tokens=4)
     return [_case("k512", cfg, _geo(num_pages=30, page_size=64, blocks=3), steps)]
 
 

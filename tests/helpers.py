@@ -67,3 +67,17 @@ def assert_planted_fault_found_and_shrunk(kind: str, name: str, device, corpus_d
     assert info["expect"] == f"fail:{name}"
     assert not run_case(case, device=device, kernel_forward=mutant.forward).ok
     assert run_case(case, device=device).ok
+
+
+def assert_generated_run_covers(kind: str, device, capsys, *, min_passed: int, classes) -> None:
+    """The current profile's budget of generated ``kind`` cases ("batch" or "engine") passes,
+    prints its coverage, runs at least ``min_passed`` examples and exercises every one of
+    ``classes`` (:mod:`cases.coverage` class names)."""
+    from cases.generated import run_generated
+    out = run_generated(kind, device=device)
+    with capsys.disabled():
+        print("\n" + "\n".join(out.coverage.lines()))
+    assert out.ok, out.error
+    assert out.passed_examples >= min_passed
+    for cls in classes:
+        assert out.coverage.classes[cls] > 0, cls

@@ -21,7 +21,8 @@ from cases.engine import Action, EngineSim, FullMode
 from cases.genvalues import ValueSpec
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolBlockIdError
-from tests.helpers import assert_planted_fault_found_and_shrunk, is_small_case
+from tests.helpers import (assert_generated_run_covers, assert_planted_fault_found_and_shrunk,
+                           is_small_case)
 
 CFG = KPoolConfig(index_n_heads=1, index_head_dim=4, index_kpool=4, index_topk=8, num_speculative_tokens=2)
 
@@ -112,16 +113,9 @@ def test_engine_case_runs_clean_through_the_harness(device):
 # ---- generated engine sequences (the ci budget) -------------------------------------------------
 
 def test_generated_engine_sequences_pass_and_report_coverage(device, warm_kernels, capsys):
-    from cases.generated import run_generated
-    out = run_generated("engine", device=device)
-    with capsys.disabled():
-        print("\n" + "\n".join(out.coverage.lines()))
-    assert out.ok, out.error
-    assert out.passed_examples >= 8
-    cov = out.coverage.classes
-    for cls in ("pool-boundary decode", "padding rows", "cache-only step", "zero-length request",
-                "MTP rejection + replay", "ring block reuse"):
-        assert cov[cls] > 0, cls
+    assert_generated_run_covers("engine", device, capsys, min_passed=8, classes=(
+        "pool-boundary decode", "padding rows", "cache-only step", "zero-length request",
+        "MTP rejection + replay", "ring block reuse"))
 
 
 @pytest.mark.parametrize("name", ["ring-stash-gated-on-pool-slot", "padding-slot-minus-one"])

@@ -24,7 +24,7 @@ from cases.strategies import TINY, batch_cases, configs, engine_cases, scaled
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolBlockIdError
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata
-from tests.helpers import assert_planted_fault_found_and_shrunk
+from tests.helpers import assert_generated_run_covers, assert_planted_fault_found_and_shrunk
 
 QUICK = settings(max_examples=40, deadline=None, database=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -233,16 +233,9 @@ def test_reference_side_metadata_check_rejects_what_the_kernel_rejects():
 # ---- generated runs (the ci budget) -------------------------------------------------------------
 
 def test_generated_batches_pass_and_report_coverage(device, warm_kernels, capsys):
-    from cases.generated import run_generated
-    out = run_generated("batch", device=device)
-    with capsys.disabled():
-        print("\n" + "\n".join(out.coverage.lines()))
-    assert out.ok, out.error
-    assert out.passed_examples >= 10
-    cov = out.coverage.classes
-    for cls in ("visible=0", "visible<K", "visible>K", "cache-only step", "chunk read from ring",
-                "mid-chunk pool completion", "merged score mode", "fixed tail layout"):
-        assert cov[cls] > 0, cls
+    assert_generated_run_covers("batch", device, capsys, min_passed=10, classes=(
+        "visible=0", "visible<K", "visible>K", "cache-only step", "chunk read from ring",
+        "mid-chunk pool completion", "merged score mode", "fixed tail layout"))
 
 
 @pytest.mark.parametrize("name", ["visible-off-by-one", "ring-capacity-p"])
