@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import KPoolConfig
-from .errors import KPoolDtypeError, KPoolShapeError
+from .rules import as_int, reject
 
 
 @dataclass
@@ -103,13 +103,23 @@ def allocate_caches(config: KPoolConfig, *, num_pages: int, page_size: int, num_
         :class:`KPoolCaches`.
 
     Raises:
+        KPoolTypeError: a size, padding or fill pattern that is not an int (numpy integers are
+            accepted), or ``config`` without ``index_head_dim`` / ``ring_capacity``.
         KPoolShapeError: non-positive sizes or negative paddings.
     """
+    if not all(hasattr(config, a) for a in ("index_head_dim", "ring_capacity")):
+        reject("argument-type", f"config must be a KPoolConfig, got {type(config).__name__}")
     D, C = config.index_head_dim, config.ring_capacity
+    num_pages, page_size, num_tail_blocks, page_padding, ring_block_padding, guard, fill_bf16_bits, fill_fp32_bits = (
+        as_int(name, value) for name, value in (
+            ("num_pages", num_pages), ("page_size", page_size), ("num_tail_blocks", num_tail_blocks),
+            ("page_padding", page_padding), ("ring_block_padding", ring_block_padding), ("guard", guard),
+            ("fill_bf16_bits", fill_bf16_bits), ("fill_fp32_bits", fill_fp32_bits)))
     if num_pages < 1 or page_size < 1 or num_tail_blocks < 1:
-        raise KPoolShapeError(f"need positive sizes, got N={num_pages}, B={page_size}, blocks={num_tail_blocks}")
+        reject("allocation-size", f"need positive sizes, got N={num_pages}, B={page_size}, blocks={num_tail_blocks}")
     if min(page_padding, ring_block_padding, guard) < 0:
-        raise KPoolShapeError("paddings and guard must be >= 0")
+        reject("allocation-size", f"paddings and guard must be >= 0, got page_padding={page_padding}, "
+                                  f"ring_block_padding={ring_block_padding}, guard={guard}")
     page_stride = page_size * D + page_padding
     cb = torch.empty(2 * guard + num_pages * page_stride, dtype=torch.int16, device=device)
     cb.fill_(as_int16(fill_bf16_bits))
@@ -137,24 +147,41 @@ def as_int32(bits: int) -> int:
 
 
 def check_cache_layout(compressed_cache: torch.Tensor, tail_cache: torch.Tensor, config: KPoolConfig) -> None:
-    """Validate dtypes, ranks and unit inner strides of both caches (kpool-algorithm.md §2 guards).
+    """Check both caches against ``config`` (kpool-algorithm.md §2 guards, §3.1, §3.3): called by
+    :meth:`kpool.backend.KPoolIndexerBackend.forward` with ``validate=True``.
+
+    Args:
+        compressed_cache: bf16 ``[N, B, 1, D]``; tail_cache: fp32 ``[blocks, 2, C, D]``.
+        config: gives ``D = index_head_dim`` and ``C = ring_capacity`` (``P +
+            num_speculative_tokens`` unless ``tail_ring_capacity`` is set).
 
     Raises:
-        KPoolDtypeError: compressed cache not bf16 or ring not fp32.
-        KPoolShapeError: wrong rank, head dim, ring capacity < P, or non-unit dim stride.
+        KPoolDtypeError: a cache not a tensor, compressed cache not bf16 or ring not fp32.
+        KPoolShapeError: wrong rank, a head dim other than the config's ``D``
+            (``config-head-dim``), a ring capacity other than the config's ``C``
+            (``config-ring-capacity``: a ring sized for another ``num_speculative_tokens`` puts
+            ``p % C`` at other rows than the metadata builder did), a non-unit dim stride, or an
+            empty cache.
     """
-    D, P = config.index_head_dim, config.index_kpool
-    if compressed_cache.dtype != torch.bfloat16:
-        raise KPoolDtypeError(f"compressed cache must be bfloat16, got {compressed_cache.dtype}")
-    if tail_cache.dtype != torch.float32:
-        raise KPoolDtypeError(f"tail ring must be float32, got {tail_cache.dtype}")
-    if compressed_cache.dim() != 4 or compressed_cache.shape[2] != 1 or compressed_cache.shape[3] != D:
-        raise KPoolShapeError(f"compressed cache must be [N, B, 1, {D}], got {tuple(compressed_cache.shape)}")
-    if tail_cache.dim() != 4 or tail_cache.shape[1] != 2 or tail_cache.shape[3] != D:
-        raise KPoolShapeError(f"tail ring must be [blocks, 2, C, {D}], got {tuple(tail_cache.shape)}")
-    if tail_cache.shape[2] < P:
-        raise KPoolShapeError(f"tail ring capacity C={tail_cache.shape[2]} must be >= index_kpool P={P}")
+    D, C = config.index_head_dim, config.ring_capacity
+    for name, t, dtype in (("compressed cache", compressed_cache, torch.bfloat16), ("tail ring", tail_cache, torch.float32)):
+        if not isinstance(t, torch.Tensor):
+            reject("tensor-type", f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != dtype:
+            reject("dtype", f"{name} must be {str(dtype).replace('torch.', '')}, got {str(t.dtype).replace('torch.', '')}")
+    if compressed_cache.dim() != 4 or compressed_cache.shape[2] != 1:
+        reject("shape", f"compressed cache must be [N, B, 1, D], got {list(compressed_cache.shape)}")
+    if tail_cache.dim() != 4 or tail_cache.shape[1] != 2:
+        reject("shape", f"tail ring must be [blocks, 2, C, D], got {list(tail_cache.shape)}")
+    for name, t in (("compressed cache", compressed_cache), ("tail ring", tail_cache)):
+        if t.shape[3] != D:
+            reject("config-head-dim", f"{name} head dim {t.shape[3]} != the config's index_head_dim {D}")
+    if tail_cache.shape[2] != C:
+        reject("config-ring-capacity",
+               f"tail ring capacity C={tail_cache.shape[2]} != the config's {C} (index_kpool "
+               f"{config.index_kpool} + num_speculative_tokens {config.num_speculative_tokens}"
+               + (f", tail_ring_capacity {config.tail_ring_capacity})" if config.tail_ring_capacity is not None else ")"))
     if compressed_cache.stride(3) != 1 or tail_cache.stride(3) != 1:
-        raise KPoolShapeError("the head-dim stride of both caches must be 1")
+        reject("cache-inner-stride", "the head-dim stride of both caches must be 1")
     if compressed_cache.numel() == 0 or tail_cache.numel() == 0:
-        raise KPoolShapeError("caches must not be empty")
+        reject("cache-empty", "caches must not be empty")

@@ -1,14 +1,20 @@
 """KPool indexer hyper-parameters (kpool-algorithm.md §1, §2, §3.3).
 
-``KPoolConfig`` is a frozen dataclass; construction validates every field and
-raises :class:`kpool.errors.KPoolConfigError` on bad values, so an invalid
-configuration can never reach a kernel launch.
+``KPoolConfig`` is a frozen dataclass; construction validates every field and raises
+:class:`kpool.errors.KPoolConfigError` on bad values (:class:`kpool.errors.KPoolTypeError` on a
+field of the wrong type), so an invalid configuration can never reach a kernel launch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from .errors import KPoolConfigError
+from .rules import as_bool, as_int, optional_int
+
+INT32_MAX = 2147483647
+"""``2**31 - 1``: the kernels compute positions in int32, so a live position ``p`` must satisfy
+``p < INT32_MAX - P`` (the window arithmetic reaches ``p + P``); checked by
+:func:`kpool.validation.validate_forward` (rule ``positions-int32-window``)."""
 
 SCORE_MODES = ("relu", "merged")
 """``relu``: per-head ReLU then head-weighted sum (model semantics, §4.2 (R));
@@ -32,8 +38,13 @@ class KPoolConfig:
         pack_tail: packed causal tail (CANN SFA contract, default) or fixed at column
             ``K_tok`` (§4.5 step 2).
 
+    Integer fields accept Python and numpy integers (``operator.index``) and are stored as
+    Python ints; bools, floats and strings are rejected.
+
     Raises:
-        KPoolConfigError: on any invalid field.
+        KPoolTypeError: a field of the wrong type (a float ``num_speculative_tokens``, a
+            non-bool ``pack_tail``, ``index_kpool=True``...).
+        KPoolConfigError: any other invalid field.
     """
 
     index_n_heads: int = 32
@@ -46,9 +57,13 @@ class KPoolConfig:
     pack_tail: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("index_n_heads", "index_head_dim", "index_kpool", "index_topk", "num_speculative_tokens"):
+            object.__setattr__(self, name, as_int(name, getattr(self, name)))
+        object.__setattr__(self, "tail_ring_capacity", optional_int("tail_ring_capacity", self.tail_ring_capacity))
+        as_bool("pack_tail", self.pack_tail)
         for name in ("index_n_heads", "index_head_dim", "index_kpool", "index_topk"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if value < 1:
                 raise KPoolConfigError(f"{name} must be a positive int, got {value!r}")
         if self.index_head_dim & (self.index_head_dim - 1):
             raise KPoolConfigError(f"index_head_dim must be a power of two, got {self.index_head_dim}")
@@ -61,7 +76,7 @@ class KPoolConfig:
         if self.tail_ring_capacity is not None and self.tail_ring_capacity < self.index_kpool:
             raise KPoolConfigError(
                 f"tail ring capacity C={self.tail_ring_capacity} must be >= index_kpool P={self.index_kpool}")
-        if self.score_mode not in SCORE_MODES:
+        if not isinstance(self.score_mode, str) or self.score_mode not in SCORE_MODES:
             raise KPoolConfigError(f"score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")
 
     @property

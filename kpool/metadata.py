@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 import torch
 
 from .errors import KPoolMetadataError
+from .rules import as_bool, as_int, reject
 
 
 @dataclass(frozen=True)
@@ -162,29 +163,36 @@ def build_metadata(batch: BatchSpec, *, index_kpool: int, ring_capacity: int, pa
         (or a stale positive slot with ``stale_tail_slots``); padded requests have zero length.
 
     Raises:
-        KPoolMetadataError: negative lengths, ``num_tokens < T_live``, or a block table too
-            short for the request's complete pools.
+        KPoolTypeError: a count, length, page or ring id that is not an int (a float length,
+            a bool...), a flag that is not a bool, or ``batch`` not a :class:`BatchSpec`.
+        KPoolMetadataError: negative counts or lengths, ``P < 1``, ``C < P``, ``B < 1``,
+            ``num_tokens < T_live``, or a block table too short for the request's complete pools
+            or wider than ``block_table_width``.
     """
-    P, C, B = index_kpool, ring_capacity, page_size
+    P = as_int("index_kpool", index_kpool)
+    C = as_int("ring_capacity", ring_capacity)
+    B = as_int("page_size", page_size)
     if P < 1 or C < P or B < 1:
-        raise KPoolMetadataError(f"need P >= 1, C >= P, B >= 1; got P={P}, C={C}, B={B}")
-    live = list(batch.requests)
+        reject("builder-count", f"need P >= 1, C >= P, B >= 1; got P={P}, C={C}, B={B}")
+    if not hasattr(batch, "requests"):      # duck-typed: a mutant copy of this module gets real BatchSpecs
+        reject("argument-type", f"batch must be a BatchSpec, got {type(batch).__name__}")
+    live = [_checked_request(i, req) for i, req in enumerate(batch.requests)]
     for i, req in enumerate(live):
-        if req.cached_len < 0 or req.query_len < 0:
-            raise KPoolMetadataError(f"request {i}: negative length (cached_len={req.cached_len}, query_len={req.query_len})")
         needed_pages = -(-(req.raw_seq_len // P) // B)
         if len(req.block_table) < needed_pages:
-            raise KPoolMetadataError(
-                f"request {i}: block table has {len(req.block_table)} pages, needs {needed_pages} "
-                f"for {req.raw_seq_len // P} pools at B={B}")
+            reject("builder-block-table",
+                   f"request {i}: block table has {len(req.block_table)} pages, needs {needed_pages} "
+                   f"for {req.raw_seq_len // P} pools at B={B}")
     t_live = sum(r.query_len for r in live)
-    T = t_live if batch.num_tokens is None else batch.num_tokens
+    T = _count("num_tokens", batch.num_tokens, t_live)
     if T < t_live:
-        raise KPoolMetadataError(f"num_tokens={T} is smaller than the live tokens {t_live}")
-    R = len(live) + batch.num_padded_requests
-    M = batch.block_table_width or max([len(r.block_table) for r in live] + [1])
+        reject("builder-count", f"num_tokens={T} is smaller than the live tokens {t_live}")
+    R = len(live) + _count("num_padded_requests", batch.num_padded_requests, 0)
+    M = _count("block_table_width", batch.block_table_width, 0) or max([len(r.block_table) for r in live] + [1])
+    as_bool("full_mode", batch.full_mode)
+    as_bool("stale_tail_slots", batch.stale_tail_slots)
     if any(len(r.block_table) > M for r in live):
-        raise KPoolMetadataError(f"block_table_width={M} is narrower than a request's table")
+        reject("builder-block-table", f"block_table_width={M} is narrower than a request's table")
 
     positions = torch.zeros(T, dtype=torch.int64)
     slot_mapping = torch.full((T,), -1, dtype=torch.int64)
@@ -222,3 +230,30 @@ def build_metadata(batch: BatchSpec, *, index_kpool: int, ring_capacity: int, pa
                          tail_slot_mapping=tail_slot_mapping, max_pool_seq_len=max_pool_seq_len,
                          num_live_tokens=t_live)
     return meta.to(device)
+
+
+def _count(name: str, value, default: int) -> int:
+    """A non-negative int count of a :class:`BatchSpec` (``None`` -> ``default``)."""
+    if value is None:
+        return default
+    value = as_int(name, value)
+    if value < 0:
+        reject("builder-count", f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _checked_request(i: int, req) -> RequestSpec:
+    """``req`` with every field a Python int (numpy integers accepted), lengths >= 0.
+
+    Raises:
+        KPoolTypeError: ``req`` is not a :class:`RequestSpec` or a field is not an int.
+        KPoolMetadataError: a negative length.
+    """
+    if not all(hasattr(req, f) for f in ("cached_len", "query_len", "block_table", "ring_block")):
+        reject("argument-type", f"request {i} must be a RequestSpec, got {type(req).__name__}")
+    cached = as_int(f"request {i} cached_len", req.cached_len)
+    qlen = as_int(f"request {i} query_len", req.query_len)
+    if cached < 0 or qlen < 0:
+        reject("builder-count", f"request {i}: negative length (cached_len={cached}, query_len={qlen})")
+    table = [as_int(f"request {i} block_table[{m}]", b) for m, b in enumerate(req.block_table)]
+    return RequestSpec(cached, qlen, table, as_int(f"request {i} ring_block", req.ring_block))

@@ -1,0 +1,62 @@
+"""Shared by the bad-input tests (parity-contract.md §5): build a forward's keyword set from a
+batch, snapshot every byte a forward could touch, and assert a rejection by rule."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import pytest
+import torch
+
+from kpool.cache import allocate_caches
+from kpool.config import KPoolConfig
+from kpool.errors import KPoolError
+from kpool.metadata import BatchSpec, build_metadata
+
+
+def batch_kwargs(config: KPoolConfig, batch: BatchSpec, *, page_size: int, num_pages: int, num_tail_blocks: int,
+                 device="cpu", seed: int = 0):
+    """``(caches, kwargs)`` for ``kpool.indexer.forward`` from an explicit batch (random inputs)."""
+    g = torch.Generator().manual_seed(seed)
+    D, H, P = config.index_head_dim, config.index_n_heads, config.index_kpool
+    meta = build_metadata(batch, index_kpool=P, ring_capacity=config.ring_capacity, page_size=page_size,
+                          device=device)
+    caches = allocate_caches(config, num_pages=num_pages, page_size=page_size, num_tail_blocks=num_tail_blocks,
+                             guard=8, device=device)
+    T = meta.num_tokens
+    kwargs = dict(
+        k=torch.randn(T, D, generator=g).to(device), gate=torch.randn(T, D, generator=g).to(device),
+        q=torch.randn(T, H, D, generator=g).bfloat16().to(device),
+        weights=torch.randn(T, H, generator=g).to(device), ape=torch.randn(P, D, generator=g).to(device),
+        compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
+        index_topk=config.index_topk, index_kpool=P, **meta.forward_kwargs())
+    return caches, kwargs
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type == "meta" or t.numel() == 0:        # no bytes to compare
+        return torch.zeros(0, dtype=torch.uint8)
+    return t.detach().cpu().contiguous().view(torch.uint8).clone()
+
+
+def snapshot(kw: dict, *extra: torch.Tensor) -> list:
+    """Byte copies of every tensor in ``kw`` (inputs, caches, metadata, output buffer) and of
+    ``extra`` (the caches' backings with their guard bands, an output buffer's backing)."""
+    tensors = [v for v in kw.values() if isinstance(v, torch.Tensor)] + list(extra)
+    return [_bytes(t) for t in tensors]
+
+
+def assert_rejected(call: Callable[[], object], error: type, rule: Optional[str], kw: dict,
+                    extra: Sequence[torch.Tensor] = (), match: Optional[str] = None) -> KPoolError:
+    """``call()`` raises ``error`` for ``rule`` (``None``: a check outside the rule catalogue)
+    before any launch: the raise comes from a check, not from :mod:`kpool.ops`, and every tensor
+    of ``kw`` and ``extra`` is byte-identical afterwards. Returns the exception."""
+    before = snapshot(kw, *extra)
+    with pytest.raises(error, match=match) as info:
+        call()
+    assert getattr(info.value, "rule", None) == rule, f"rule {getattr(info.value, 'rule', None)!r} != {rule!r}: {info.value}"
+    launched = [e for e in info.traceback if "/kpool/ops/" in str(e.path).replace("\\", "/")]
+    assert not launched, f"raised inside the kernels' launchers: {launched}"
+    after = snapshot(kw, *extra)
+    changed = [i for i, (a, b) in enumerate(zip(before, after)) if not torch.equal(a, b)]
+    assert not changed, f"tensors {changed} changed although the call was rejected"
+    return info.value
