@@ -4,11 +4,16 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from kpool import SMALL
 from kpool.backend import KPoolIndexerBackend, check_context_parallel
-from kpool.errors import KPoolUnsupportedError
+from kpool.errors import (KPoolConfigError, KPoolMetadataError, KPoolShapeError, KPoolTypeError,
+                          KPoolUnsupportedError)
 from kpool.hardware import ascend_family
+from kpool.metadata import KPoolMetadata
+from tests.helpers import small_batch
+from tests.rejection import assert_rejected
 
 
 @pytest.mark.parametrize("soc, family", [(220, "A2"), (223, "A2"), (225, "A2"), (250, "A3"), (255, "A3"), (260, "A5")])
@@ -31,8 +36,9 @@ def test_other_socs_rejected_with_name(soc, label):
     (dict(dcp_world_size=2), "decode-context-parallel-size"),
 ])
 def test_context_parallel_rejected_at_construction(kwargs, flag):
-    with pytest.raises(KPoolUnsupportedError, match=flag):
+    with pytest.raises(KPoolUnsupportedError, match=flag) as info:
         KPoolIndexerBackend(SMALL, **kwargs)
+    assert info.value.rule == "context-parallel-unsupported"
 
 
 def test_no_context_parallel_passes():
@@ -60,3 +66,92 @@ def test_backend_construction_imports_kernels():
     mods = _fresh_modules("import os; os.environ['KPOOL_DEVICE']='cpu'\n"
                           "from kpool.backend import KPoolIndexerBackend; from kpool import SMALL; KPoolIndexerBackend(SMALL)")
     assert "triton" in mods and "kpool.ops.compress" in mods
+
+
+# ---- bad parallel sizes and a config that disagrees with the call (issue 9 point 6) --------------
+
+@pytest.mark.parametrize("kwargs, error, rule", [
+    (dict(decode_context_parallel_size=-1), KPoolConfigError, "context-parallel-size"),
+    (dict(dcp_world_size=0), KPoolConfigError, "context-parallel-size"),
+    (dict(prefill_context_parallel_size=-2), KPoolConfigError, "context-parallel-size"),
+    (dict(decode_context_parallel_size=1.0), KPoolTypeError, "scalar-int-type"),
+    (dict(pcp_world_size=True), KPoolTypeError, "scalar-int-type"),
+    (dict(decode_context_parallel_size=2), KPoolUnsupportedError, "context-parallel-unsupported"),
+])
+def test_bad_parallel_sizes_are_rejected_by_name(kwargs, error, rule):
+    """A negative DCP size used to pass as "no DCP"."""
+    with pytest.raises(error) as info:
+        KPoolIndexerBackend(SMALL, **kwargs)
+    assert info.value.rule == rule
+
+
+def test_backend_config_must_be_a_kpool_config():
+    with pytest.raises(KPoolTypeError, match="KPoolConfig") as info:
+        KPoolIndexerBackend(dict(index_kpool=4))
+    assert info.value.rule == "argument-type"
+
+
+def _call(data_cfg, device):
+    """caches, metadata and inputs built for ``data_cfg`` (small_batch's three requests)."""
+    caches, kw = small_batch(data_cfg, device=device)
+    tensors = {n: kw[n] for n in ("positions", "cum_query_lens", "raw_seq_lens", "seq_lens", "block_table",
+                                  "slot_mapping", "tail_block_table", "tail_slot_mapping")}
+    meta = KPoolMetadata(max_pool_seq_len=kw["max_pool_seq_len"], **tensors)
+    inputs = {n: kw[n] for n in ("k", "gate", "q", "weights", "ape")}
+    return caches, meta, inputs
+
+
+def _p2(kw):
+    kw["ape"] = kw["ape"][:2]
+
+
+# (backend config, call data config, input edit, error, rule)
+MISMATCHES = {
+    "ring-capacity-larger": (SMALL.with_(num_speculative_tokens=1), SMALL, None, KPoolShapeError,
+                             "config-ring-capacity"),
+    "ring-capacity-smaller": (SMALL, SMALL.with_(num_speculative_tokens=3), None, KPoolShapeError,
+                              "config-ring-capacity"),
+    "head-dim": (SMALL.with_(index_head_dim=32), SMALL, None, KPoolShapeError, "config-head-dim"),
+    "k-head-dim": (SMALL, SMALL, lambda kw: kw.update(k=kw["k"][:, :8]), KPoolShapeError, "config-head-dim"),
+    "heads": (SMALL.with_(index_n_heads=4), SMALL, None, KPoolShapeError, "config-heads"),
+    # P: the backend's P = 2 (same C = 4) on data built for P = 4
+    "pool-size-ape": (SMALL.with_(index_kpool=2, tail_ring_capacity=4), SMALL, None, KPoolShapeError, "shape"),
+    "pool-size-metadata": (SMALL.with_(index_kpool=2, tail_ring_capacity=4), SMALL, _p2, KPoolMetadataError,
+                           "seq-lens-pools"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISMATCHES))
+def test_backend_rejects_a_call_its_config_disagrees_with(name, device, torch_device):
+    backend_cfg, data_cfg, edit, error, rule = MISMATCHES[name]
+    backend = KPoolIndexerBackend(backend_cfg, device=device)
+    caches, meta, inputs = _call(data_cfg, torch_device)
+    if edit is not None:
+        edit(inputs)
+    watched = {**inputs, **meta.tensors()}
+    assert_rejected(lambda: backend.forward(**inputs, caches=caches, metadata=meta), error, rule, watched,
+                    (caches.compressed_backing, caches.tail_backing))
+
+
+@pytest.mark.parametrize("what", ["caches", "metadata"])
+def test_backend_arguments_must_be_caches_and_metadata(what, device, torch_device):
+    backend = KPoolIndexerBackend(SMALL, device=device)
+    caches, meta, inputs = _call(SMALL, torch_device)
+    args = dict(caches=caches, metadata=meta)
+    args[what] = meta.forward_kwargs() if what == "metadata" else (caches.compressed_cache, caches.tail_cache)
+    assert_rejected(lambda: backend.forward(**inputs, **args), KPoolTypeError, "argument-type", inputs,
+                    (caches.compressed_backing, caches.tail_backing))
+
+
+@pytest.mark.interpreter_ok
+def test_backend_with_a_matching_config_runs_the_forward(device, torch_device):
+    """The checks above are not vacuous: the same call with the data's own config is accepted
+    and gives kpool.indexer.forward's result."""
+    from kpool.indexer import forward
+    caches, meta, inputs = _call(SMALL, torch_device)
+    twin = caches.clone()
+    got = KPoolIndexerBackend(SMALL, device=device).forward(**inputs, caches=caches, metadata=meta)
+    want = forward(**inputs, compressed_cache=twin.compressed_cache, tail_cache=twin.tail_cache,
+                   index_topk=SMALL.index_topk, index_kpool=SMALL.index_kpool, **meta.forward_kwargs())
+    assert torch.equal(got, want)
+    assert torch.equal(caches.tail_backing.view(torch.int32), twin.tail_backing.view(torch.int32))
