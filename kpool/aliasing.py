@@ -80,7 +80,10 @@ def contiguous_runs(t: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tenso
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` and ``b`` share at least one byte (exact, see the module docstring)."""
-    ea, eb = byte_extent(a), byte_extent(b)
+    return _overlaps(a, b, byte_extent(a), byte_extent(b))
+
+
+def _overlaps(a, b, ea, eb) -> bool:
     if ea is None or eb is None or ea[1] <= eb[0] or eb[1] <= ea[0]:
         return False
     ra, rb = contiguous_runs(a), contiguous_runs(b)
@@ -119,12 +122,11 @@ def check_no_aliasing(written: Dict[str, torch.Tensor], read: Dict[str, torch.Te
         if self_overlaps(t):
             reject("written-self-overlap", f"{name} overlaps itself (shape {list(t.shape)}, strides "
                                          f"{list(t.stride())}): two of its rows would be one memory row")
-    names = list(written)
-    others = list(written.items()) + [(n, t) for n, t in read.items() if t is not None]
-    for i, name in enumerate(names):
-        for other, t in others:
-            if other == name or (other in written and names.index(other) < i):
-                continue
-            if overlaps(written[name], t):
+    tensors = list(written.items()) + [(n, t) for n, t in read.items() if t is not None]
+    extents = [byte_extent(t) for _, t in tensors]
+    for i, (name, t) in enumerate(tensors[:len(written)]):
+        for j in range(i + 1, len(tensors)):       # each written tensor against every later argument
+            if _overlaps(t, tensors[j][1], extents[i], extents[j]):
+                other = tensors[j][0]
                 reject("written-aliases", f"{name} shares memory with {other}: the forward writes {name}, "
                                           f"so {other} would change under it; pass separate storage")

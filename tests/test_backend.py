@@ -105,6 +105,12 @@ def _p2(kw):
     kw["ape"] = kw["ape"][:2]
 
 
+def _d32(kw):
+    """inputs widened to D = 32 (the backend's), caches left at 16"""
+    kw.update(k=kw["k"].repeat(1, 2), gate=kw["gate"].repeat(1, 2), q=kw["q"].repeat(1, 1, 2),
+              ape=kw["ape"].repeat(1, 2))
+
+
 # (backend config, call data config, input edit, error, rule)
 MISMATCHES = {
     "ring-capacity-larger": (SMALL.with_(num_speculative_tokens=1), SMALL, None, KPoolShapeError,
@@ -112,6 +118,7 @@ MISMATCHES = {
     "ring-capacity-smaller": (SMALL, SMALL.with_(num_speculative_tokens=3), None, KPoolShapeError,
                               "config-ring-capacity"),
     "head-dim": (SMALL.with_(index_head_dim=32), SMALL, None, KPoolShapeError, "config-head-dim"),
+    "cache-head-dim": (SMALL.with_(index_head_dim=32), SMALL, _d32, KPoolShapeError, "config-head-dim"),
     "k-head-dim": (SMALL, SMALL, lambda kw: kw.update(k=kw["k"][:, :8]), KPoolShapeError, "config-head-dim"),
     "heads": (SMALL.with_(index_n_heads=4), SMALL, None, KPoolShapeError, "config-heads"),
     # P: the backend's P = 2 (same C = 4) on data built for P = 4

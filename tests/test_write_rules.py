@@ -147,3 +147,14 @@ def test_shared_read_only_prefix_pages_are_accepted(torch_device):
     batch = BatchSpec([RequestSpec(8, 4, [3, 5], 0), RequestSpec(8, 1, [3, 6], 1)])
     _, kw = batch_kwargs(SMALL, batch, page_size=2, num_pages=8, num_tail_blocks=2, device=torch_device)
     assert _validate(kw) == 5
+
+
+def test_the_device_path_reads_the_same_metadata(torch_device):
+    """Device metadata is copied to the host in one transfer (one sync); it must give the same
+    arrays as reading CPU tensors in place (here both paths on the same tensors)."""
+    from kpool.metadata_checks import _host_copy, one_transfer
+    _, kw = small_batch(SMALL, device=torch_device)
+    names = ("cum_query_lens", "raw_seq_lens", "positions", "slot_mapping", "block_table")
+    tensors = [kw[n].cpu() for n in names] + [kw["tail_block_table"].cpu()[:, 0]]
+    for a, b in zip(_host_copy(tensors), one_transfer(tensors)):
+        assert a.dtype == b.dtype and a.tolist() == b.tolist()
