@@ -60,3 +60,15 @@ def assert_rejected(call: Callable[[], object], error: type, rule: Optional[str]
     changed = [i for i, (a, b) in enumerate(zip(before, after)) if not torch.equal(a, b)]
     assert not changed, f"tensors {changed} changed although the call was rejected"
     return info.value
+
+
+def assert_corrupted_small_batch_rejected(corrupt: Callable[[dict], None], error: type, rule: Optional[str],
+                                          device) -> KPoolError:
+    """:func:`tests.helpers.small_batch` (SMALL config) with ``corrupt(kwargs)`` applied is
+    rejected by ``kpool.indexer.forward`` as :func:`assert_rejected` says."""
+    from kpool import SMALL
+    from kpool.indexer import forward
+    from tests.helpers import small_batch
+    caches, kw = small_batch(SMALL, device=device)
+    corrupt(kw)
+    return assert_rejected(lambda: forward(**kw), error, rule, kw, (caches.compressed_backing, caches.tail_backing))

@@ -8,7 +8,7 @@ from kpool import errors
 from kpool.config import INT32_MAX
 from kpool.indexer import forward
 from tests.helpers import small_batch
-from tests.rejection import assert_rejected
+from tests.rejection import assert_corrupted_small_batch_rejected, assert_rejected
 
 # The kernel-side forward, pre-launch checks and one real launch: also run by
 # `make test-ascend-interp` (triton-ascend 3.2's interpreter).
@@ -17,10 +17,6 @@ pytestmark = pytest.mark.interpreter_ok
 
 def _snapshot(caches):
     return caches.compressed_backing.view(torch.int16).clone(), caches.tail_backing.view(torch.int32).clone()
-
-
-def _backings(caches):
-    return (caches.compressed_backing, caches.tail_backing)
 
 
 def _bad_dtype_k(kw):
@@ -200,9 +196,7 @@ CASES = [
 
 @pytest.mark.parametrize("corrupt, error, rule", CASES, ids=[c.__name__.strip("_") for c, _, _ in CASES])
 def test_bad_input_raises_named_error_and_writes_nothing(corrupt, error, rule, torch_device):
-    caches, kw = small_batch(SMALL, device=torch_device)
-    corrupt(kw)
-    assert_rejected(lambda: forward(**kw), error, rule, kw, _backings(caches))
+    assert_corrupted_small_batch_rejected(corrupt, error, rule, torch_device)
 
 
 def test_errors_keep_builtin_types():

@@ -4,7 +4,6 @@ caches. Every rejection happens before any launch with every tensor byte-identic
 neighbours of each rule (FULL-mode stale padding slots, padded requests on ring block 0, shared
 read-only prefix pages) stay accepted."""
 import pytest
-import torch
 
 from kpool import SMALL
 from kpool import errors
@@ -12,7 +11,7 @@ from kpool.indexer import forward
 from kpool.metadata import BatchSpec, RequestSpec
 from kpool.validation import validate_forward
 from tests.helpers import small_batch
-from tests.rejection import assert_rejected, batch_kwargs
+from tests.rejection import assert_corrupted_small_batch_rejected, assert_rejected, batch_kwargs
 
 pytestmark = pytest.mark.interpreter_ok
 
@@ -103,9 +102,7 @@ CORRUPTIONS = [
 
 @pytest.mark.parametrize("corrupt, error, rule", CORRUPTIONS, ids=[c.__name__.strip("_") for c, _, _ in CORRUPTIONS])
 def test_bad_write_metadata_is_rejected_before_any_launch(corrupt, error, rule, torch_device):
-    caches, kw = small_batch(SMALL, device=torch_device)
-    corrupt(kw)
-    assert_rejected(lambda: forward(**kw), error, rule, kw, (caches.compressed_backing, caches.tail_backing))
+    assert_corrupted_small_batch_rejected(corrupt, error, rule, torch_device)
 
 
 # Block tables that make two consistent slots collide: the builder's slots are exactly §3.2's.
