@@ -70,8 +70,10 @@ RULES = {
     "positions-int32-window": Rule(E.KPoolMetadataError, "live positions < INT32_MAX - P (kernels' int32 window)"),
     "block-table-range": Rule(E.KPoolBlockIdError, "every page a request reads in [0, N) (§3.1)"),
     "ring-block-range": Rule(E.KPoolBlockIdError, "ring block of a request with rows in [0, blocks) (§3.3)"),
-    "slot-range": Rule(E.KPoolBlockIdError, "live slot_mapping in {-1} u [0, N*B) (§3.2)"),
-    "tail-slot-range": Rule(E.KPoolBlockIdError, "live tail_slot_mapping in {-1} u [0, blocks*C) (§3.3)"),
+    "slot-range": Rule(E.KPoolBlockIdError, "live slot_mapping in [-1, N*B) (§3.2); which value: "
+                       "slot-mapping-mismatch"),
+    "tail-slot-range": Rule(E.KPoolBlockIdError, "live tail_slot_mapping in [-1, blocks*C) (§3.3); which value: "
+                            "tail-slot-mapping-mismatch"),
     "ring-block-shared": Rule(E.KPoolWriteConflictError, "no ring block owned by two requests with rows "
                               "(§3.3 'owned exclusively')"),
     "slot-duplicate": Rule(E.KPoolWriteConflictError, "no compressed slot written by two live rows "
