@@ -110,3 +110,18 @@ def test_planted_mutants_stay_uncertified():
             res = run(case, mutant.forward, check_oracle=False)
             assert expected_verdict(name) in set(res.failures["verdict"]), (name, case.name)
             assert not {"tie-equivalent", "rounding-boundary"} & set(res.findings["verdict"]), (name, case.name)
+
+
+def test_console_states_certified_counts_per_output_zeros_included():
+    """``python -m parity run`` prints one certified line per certifiable output, zeros too."""
+    import io
+
+    from rich.console import Console
+
+    from parity.commands import _print_certified
+    from tests.certificate_cases import swapping_kernel, tie_case
+    out = io.StringIO()
+    _print_certified(run(tie_case(), swapping_kernel(2)).findings, Console(file=out, width=200))
+    lines = out.getvalue().splitlines()
+    assert lines == ["certified indices: 24 tie-equivalent elements in 1 steps (max 24 in one step)",
+                     "certified compressed_cache: 0 rounding-boundary elements in 0 steps (max 0 in one step)"]
