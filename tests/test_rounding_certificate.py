@@ -145,7 +145,7 @@ def _cancelling_windows(n=256, seed=11):
 
 def test_hardware_exp_on_heavy_cancellation_stays_inside_the_bound():
     """A 13-ulp exp on elements with |y| << sum |a_j K_j|: the fp32 error of every element is inside
-    the CUDA bound (budget 64), and for many of them beyond the old budget of 64 ulps of y."""
+    the CUDA bound (budget 64), and nearly all of them beyond the old budget of 64 ulps of y."""
     k, gate, ape = _cancelling_windows()
     y32 = _hardware_pooled(k, gate, ape).double().numpy()
     y64, bound, terms = certs.pooled_value_and_bound_f64(k.numpy(), gate.numpy(), ape.numpy(),
@@ -153,7 +153,7 @@ def test_hardware_exp_on_heavy_cancellation_stays_inside_the_bound():
     err = np.abs(y32 - y64)
     assert (err <= bound).all(), float((err / bound).max())
     old = 64 * certs.fp32_ulp(y64)
-    assert (err > old).mean() > 0.2 and np.median(terms / np.abs(y64)) > 10
+    assert (err > old).mean() > 0.9 and np.median(terms / np.abs(y64)) > 10
 
 
 def test_heavy_cancellation_element_is_certified_and_the_old_budget_failed_it():
