@@ -46,6 +46,15 @@ def test_reordered_scoring_passes_the_small_seed_cases(scorer, mode):
         case = _merged(case) if mode == "merged" else case
         res = run(case, standin_forward(SCORERS[scorer]), check_oracle=False)
         assert res.ok, (case.name, res.failures[["step", "verdict", "detail"]].to_string())
+        assert set(res.findings["verdict"]) == {"exact"}
+
+
+@pytest.mark.slow
+def test_exact_data_stays_bitwise_at_glm_size():
+    """GLM-5.3-Flash pool-boundary-decode (exact data): pairwise sums give bit-identical scores,
+    every check is exact, no certificate is involved."""
+    res = run(_glm("pool-boundary-decode"), standin_forward(SCORERS["pairwise"]), check_oracle=False)
+    assert res.ok and set(res.findings["verdict"]) == {"exact"}
 
 
 @pytest.mark.slow

@@ -127,10 +127,12 @@ def test_runner_identical_keys_pass_only_under_any():
     assert run(tie_case(identical_keys=True, values="exact"), swapping_kernel(2), tie_policy="any").ok
 
 
-def test_real_kernel_breaking_exact_ties_toward_the_higher_id_passes_under_any(monkeypatch):
+@pytest.mark.parametrize("policy", POLICIES)
+def test_real_kernel_breaking_exact_ties_toward_the_higher_id(monkeypatch, policy):
     """The kernel's top-k replaced by one that breaks exact ties toward the higher pool id (what an
-    arbitrary-order ``torch.topk`` may do): wrong-index under canonical
-    (tests/test_certificates.py), certified under ``any`` on a random-data seed case."""
+    arbitrary-order ``torch.topk`` may do), on a random-data seed case. Rows whose relu scores are
+    provably zero (every head's dot below minus its bound) tie on every backend: under canonical
+    the row is wrong-index (it used to be certified), under ``any`` it is certified."""
     from cases.scenarios import prefill_topk
     from kpool.indexer import forward as kernel_forward
     from kpool.ops import indexer as ki
@@ -141,7 +143,12 @@ def test_real_kernel_breaking_exact_ties_toward_the_higher_id_passes_under_any(m
         return (n - 1 - ids)[:, :selected].to(torch.int32), values[:, :selected]
 
     monkeypatch.setattr(ki, "select_topk", ties_to_higher_id)
-    res = run(prefill_topk("small"), kernel_forward, check_oracle=False, tie_policy="any")
-    assert res.ok, res.failures[["step", "verdict", "detail"]].to_string()
+    res = run(prefill_topk("small"), kernel_forward, check_oracle=False, tie_policy=policy)
     ties = res.findings[res.findings["verdict"] == "tie-equivalent"]
-    assert len(ties) and ties["detail"].str.contains("ties=any").all()
+    if policy == "any":
+        assert res.ok, res.failures[["step", "verdict", "detail"]].to_string()
+        assert len(ties) and ties["detail"].str.contains("ties=any").all()
+    else:
+        assert ties.empty
+        bad = res.failures[res.failures["verdict"] == "wrong-index"]
+        assert not bad.empty and bad["detail"].str.contains("exact ties go to the lower id").any()
