@@ -146,12 +146,11 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
 
 
 def _print_certified(df, console) -> None:
-    """One line per output with certified exceptions (parity-contract.md §3: report the counts)."""
+    """One line per certifiable output, zeros included (parity-contract.md §3: report the counts)."""
     from .report import certified_counts
-    cert = certified_counts(df)
-    hit = cert[cert["elements"] > 0]
-    for r in hit.to_dict("records"):
-        console.print(f"[yellow]certified[/] {r['output']}: {r['elements']} {r['certificate']} elements "
+    for r in certified_counts(df).to_dict("records"):
+        style = "yellow" if r["elements"] else "dim"
+        console.print(f"[{style}]certified[/] {r['output']}: {r['elements']} {r['certificate']} elements "
                       f"in {r['steps']} steps (max {r['max_per_step']} in one step)")
 
 

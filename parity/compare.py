@@ -18,19 +18,22 @@ Comparison rules (parity-contract.md §1):
 * sentinels (§4): ``stray-write`` / ``missing-write`` per buffer and side (:mod:`parity.sentinel`).
 * bad input (§5): the same exception type on both sides, else ``not-rejected`` / ``crash``.
 
-Certified exceptions (§3.1 rounding boundary, §3.2 tie) come from :mod:`parity.certificates`: the
-comparators take a per-step context (:class:`parity.certificates.RoundingContext`,
-:class:`parity.certificates.TieContext`) and without one (exact-data cases) certify nothing.
+Certified exceptions (§3.1 rounding boundary, §3.2 tie) come from :mod:`parity.certificates`
+(derivations: docs/certificates.md): the comparators take a per-step context
+(:class:`parity.certificates.RoundingContext`, :class:`parity.certificates.TieContext`) and
+without one (exact-data cases) certify nothing. :func:`compare_indices` takes the
+implementation's tie policy (``canonical`` or ``any``, :data:`parity.certificates.TIE_POLICIES`).
 Uncertified differences carry the certificate's reason in ``detail``.
 """
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence
 
 import pandas as pd
 import torch
+
+from .certificates import certify_rounding_boundaries, certify_ties, check_tie_policy
 
 VERDICTS = ("exact", "rounding-boundary", "tie-equivalent", "wrong-index", "wrong-tail",
             "padding-leak", "stray-write", "missing-write", "ring-mismatch", "cache-mismatch",
@@ -87,48 +90,6 @@ def findings_frame(rows: Iterable[dict], **context) -> pd.DataFrame:
     return df
 
 
-# --------------------------------------------------------------------------- certificates
-
-@dataclass(frozen=True)
-class Certificate:
-    """Outcome of a certificate check (parity-contract.md §3)."""
-
-    certified: bool
-    reason: str
-
-
-def certify_rounding_boundaries(kernel_bits: torch.Tensor, reference_bits: torch.Tensor,
-                                differing: torch.Tensor, context=None) -> torch.Tensor:
-    """parity-contract.md §3.1 (bf16 rounding boundary); see
-    :func:`parity.certificates.certify_rounding_boundaries`.
-
-    Args:
-        kernel_bits / reference_bits: int16 ``[N, B, 1, D]`` compressed-cache bits.
-        differing: bool ``[N, B, 1, D]`` elements that differ.
-        context: :class:`parity.certificates.RoundingContext`; ``None`` certifies nothing.
-    Returns:
-        bool ``[N, B, 1, D]``: certified elements.
-    """
-    from .certificates import certify_rounding_boundaries as certify
-    return certify(kernel_bits, reference_bits, differing, context)[0]
-
-
-def certify_ties(kernel_rows: torch.Tensor, reference_rows: torch.Tensor, rows: torch.Tensor,
-                 context=None, tail: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """parity-contract.md §3.2 (tie at the top-k boundary); see :func:`parity.certificates.certify_ties`.
-
-    Args:
-        kernel_rows / reference_rows: int32 ``[T, W]``.
-        rows: int64 ``[n]`` live rows whose history columns differ (tails identical).
-        context: :class:`parity.certificates.TieContext`; ``None`` certifies nothing.
-        tail: bool ``[T, W]`` tail-column mask.
-    Returns:
-        bool ``[n]``: rows certified tie-equivalent.
-    """
-    from .certificates import certify_ties as certify
-    return certify(kernel_rows, reference_rows, rows, context, tail)[0]
-
-
 # --------------------------------------------------------------------------- indices
 
 def _request_of(cum: Sequence[int], t: int) -> int:
@@ -156,7 +117,7 @@ def compare_indices(kernel, reference, *, positions: torch.Tensor, cum_query_len
                     index_topk: int, index_kpool: int, pack_tail: bool, compute_topk: bool,
                     kernel_buffer: Optional[torch.Tensor] = None,
                     reference_buffer: Optional[torch.Tensor] = None,
-                    output: str = "indices", context: Optional[dict] = None) -> List[dict]:
+                    output: str = "indices", context=None, tie_policy: str = "canonical") -> List[dict]:
     """Compare the returned index rows bitwise (parity-contract.md §1-§2).
 
     Args:
@@ -168,14 +129,21 @@ def compare_indices(kernel, reference, *, positions: torch.Tensor, cum_query_len
             step used one; their alignment columns ``[:T, W:width]`` are compared too, and each
             side's ``[:T, :W]`` must hold exactly the rows it returned.
         context: :class:`parity.certificates.TieContext` of the step, or ``None`` (no
-            certificate: exact-data cases).
+            certificate: exact-data cases under the ``canonical`` tie policy).
+        tie_policy: ``"canonical"`` (exact ties to the lower pool id, the contract's default) or
+            ``"any"`` (exact ties may be ordered or chosen differently; certified rows say
+            ``ties=any`` in their detail), :func:`parity.certificates.certify_ties`.
 
     Returns:
         Findings: ``exact``, or one per class among ``padding-leak``, ``wrong-tail``,
         ``tie-equivalent`` (rows certified by parity-contract.md §3.2; only rows whose tail
         columns agree qualify) and ``wrong-index``, each with the first mismatch's row,
         position, request, column, pool id (reference value // P, else kernel's).
+
+    Raises:
+        ValueError: unknown ``tie_policy``.
     """
+    check_tie_policy(tie_policy)
     if not compute_topk or kernel is None or reference is None:
         if kernel is None and reference is None:
             return [finding(output, "exact", detail="None on both sides" if not compute_topk else "")]
@@ -255,13 +223,14 @@ def compare_indices(kernel, reference, *, positions: torch.Tensor, cum_query_len
     if hist_mask.any():
         # §3.2: a row is certifiable only if its tail (and padding) columns agree.
         rows = (hist_mask.any(dim=1) & ~tail_mask.any(dim=1)).nonzero().flatten()
-        from .certificates import certify_ties as _certify
-        cert, reasons = _certify(k2, r2, rows, context, tail)
+        cert, reasons = certify_ties(k2, r2, rows, context, tail, tie_policy=tie_policy)
         certified_rows = rows[cert]
         if certified_rows.numel():
             t0 = int(certified_rows[0])
             out.append(finding(output, "tie-equivalent", int(hist_mask[certified_rows].sum()),
-                               detail=f"{certified_rows.numel()} rows certified tie-equivalent",
+                               detail=f"{certified_rows.numel()} rows certified tie-equivalent"
+                                      + (" (ties=any: exact ties may be ordered differently)"
+                                         if tie_policy == "any" else ""),
                                row=t0, position=int(pos[t0]) if t0 < pos.numel() else None,
                                request=_request_of(cum, t0)))
             hist_mask[certified_rows] = False
@@ -316,13 +285,8 @@ def _coords(mask: torch.Tensor, names: Sequence[Optional[str]]) -> dict:
     return {n: int(c) for n, c in zip(names, first) if n is not None}
 
 
-def _certify_rb(kbits, rbits, diff, context):
-    from .certificates import certify_rounding_boundaries as certify
-    return certify(kbits, rbits, diff, context)
-
-
 def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor,
-                       output: str = "compressed_cache", context: Optional[dict] = None) -> List[dict]:
+                       output: str = "compressed_cache", context=None) -> List[dict]:
     """Compare bf16 ``[N, B, 1, D]`` compressed caches on their int16 bits, whole tensor.
 
     Args:
@@ -339,7 +303,7 @@ def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor
     k, r = kernel_cache.detach().cpu(), reference_cache.detach().cpu()
     return _cache_findings(output, k.view(torch.int16), r.view(torch.int16), torch.isnan(k), torch.isnan(r),
                            ("page", "page_row", None, "channel"), "cache-mismatch",
-                           certify=lambda a, b, d: _certify_rb(a, b, d, context))
+                           certify=lambda a, b, d: certify_rounding_boundaries(a, b, d, context))
 
 
 def compare_ring(kernel_ring: torch.Tensor, reference_ring: torch.Tensor,

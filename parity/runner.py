@@ -21,6 +21,7 @@ import torch
 
 from . import compare as cmp
 from . import sentinel as sen
+from .certificates import check_tie_policy
 
 MODES = ("lockstep", "resync")
 """lockstep: each side consumes only its own caches (catches drift); resync: before each step
@@ -182,7 +183,7 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
              reference_forward: Optional[Callable] = None, check_oracle: bool = True,
              mode: str = "lockstep", repeat: int = 1, certificates: Optional[bool] = None,
              on_step: Optional[Callable] = None, keep_outputs: int = KEEP_OUTPUT_STEPS,
-             stop_on_failure: bool = False) -> CaseResult:
+             stop_on_failure: bool = False, tie_policy: str = "canonical") -> CaseResult:
     """Run every step of ``case`` on the kernel and the reference and compare them.
 
     Args:
@@ -205,6 +206,9 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         keep_outputs: keep both sides' outputs of this many failing steps (repro bundles).
         stop_on_failure: stop after the first step with a failure finding (generated runs: a
             shrink attempt only needs its first failing step; cases.generated).
+        tie_policy: the implementation's top-k tie policy, ``"canonical"`` or ``"any"``
+            (:data:`parity.certificates.TIE_POLICIES`); under ``any`` exact-data steps get a
+            zero-tolerance tie context too.
 
     Returns:
         :class:`CaseResult`. Exceptions of either forward become findings (``crash``, or the
@@ -212,8 +216,9 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         after that step's checks.
 
     Raises:
-        ValueError: unknown ``mode`` or ``repeat < 1``.
+        ValueError: unknown ``mode`` or ``tie_policy``, or ``repeat < 1``.
     """
+    check_tie_policy(tie_policy)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if repeat < 1:
@@ -243,7 +248,7 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
     if certificates is None:
         certificates = case.values != "exact"
     run = _RunState(kernel_forward=kernel_forward, reference_forward=reference_forward, mode=mode,
-                    repeat=repeat, certificates=bool(certificates), oracle=oracle)
+                    repeat=repeat, certificates=bool(certificates), oracle=oracle, tie_policy=tie_policy)
 
     frames, timings, steps_run, outputs = [], [], 0, {}
     for i, step in enumerate(case.steps):
@@ -276,6 +281,7 @@ class _RunState:
     certificates: bool
     oracle: object
     carried: dict = field(default_factory=dict)   # RoundingContext.carried, across steps
+    tie_policy: str = "canonical"
 
 
 @dataclass
@@ -366,12 +372,15 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
             windows=lambda: certs.step_windows(meta, inputs, ring_before, index_kpool=P,
                                                num_pages=geo.num_pages, page_size=B),
             ape=ape, budget_ulps=certs.ROUNDING_BUDGET_ULPS[backend], carried=run.carried)
-        if step.compute_topk and inputs.get("q") is not None:
-            tctx = certs.TieContext(
-                q=inputs["q"], weights=inputs["weights"], kernel_cache=kernel.caches.compressed_cache,
-                reference_cache=ref.caches.compressed_cache, positions=meta.positions,
-                cum_query_lens=meta.cum_query_lens, seq_lens=meta.seq_lens, block_table=meta.block_table,
-                index_topk=cfg.index_topk, index_kpool=P, score_mode=cfg.score_mode, pack_tail=cfg.pack_tail)
+    # ties=any on exact data: exact scores, zero tolerance (parity.certificates.ties)
+    exact_ties = run.tie_policy == "any" and not run.certificates and case.values == "exact"
+    if (run.certificates or exact_ties) and step.compute_topk and inputs.get("q") is not None:
+        tctx = certs.TieContext(
+            q=inputs["q"], weights=inputs["weights"], kernel_cache=kernel.caches.compressed_cache,
+            reference_cache=ref.caches.compressed_cache, positions=meta.positions,
+            cum_query_lens=meta.cum_query_lens, seq_lens=meta.seq_lens, block_table=meta.block_table,
+            index_topk=cfg.index_topk, index_kpool=P, score_mode=cfg.score_mode, pack_tail=cfg.pack_tail,
+            exact_scores=exact_ties)
     rows, stop = [], False
     if step.expect_error is not None:
         rows += cmp.compare_errors(kexc, rexc, step.expect_error)
@@ -386,7 +395,8 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
                 index_topk=cfg.index_topk, index_kpool=P, pack_tail=cfg.pack_tail,
                 compute_topk=step.compute_topk,
                 kernel_buffer=kbuf.view if kbuf is not None else None,
-                reference_buffer=rbuf.view if rbuf is not None else None, context=tctx)
+                reference_buffer=rbuf.view if rbuf is not None else None, context=tctx,
+                tie_policy=run.tie_policy)
     if not stop:
         rows += cmp.compare_compressed(kernel.caches.compressed_cache, ref.caches.compressed_cache,
                                        context=rctx)
