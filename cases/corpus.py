@@ -35,13 +35,33 @@ FORMAT = 1
 
 
 class SavedInputs:
-    """``Step.inputs`` callable returning stored tensors (fresh copies each call)."""
+    """``Step.inputs`` callable returning stored tensors (fresh copies each call), for the corpus
+    and the repro bundles (:mod:`parity.bundle`).
+
+    A metamorphic relation may ask for the same live rows under more FULL-mode padding rows
+    (``metadata.num_tokens`` above the stored row count, the live rows unchanged): the extra rows
+    get the large padding garbage of :mod:`cases.values`, as a generator would give them.
+
+    Raises (on call):
+        ValueError: the metadata needs fewer rows than stored, or more live rows than stored.
+    """
 
     def __init__(self, tensors: dict):
         self.tensors = tensors
 
     def __call__(self, case, step, metadata) -> dict:
-        return {n: t.clone() for n, t in self.tensors.items()}
+        out = {n: t.clone() for n, t in self.tensors.items()}
+        stored = next(iter(out.values())).shape[0] if out else 0
+        T, t_live = int(metadata.num_tokens), int(metadata.num_live_tokens)
+        if T == stored or not out:
+            return out
+        if T < stored or t_live > stored:
+            raise ValueError(f"step {step.name}: the stored inputs have {stored} rows, the metadata needs "
+                             f"{T} ({t_live} live)")
+        from .values import PAD_GATE, PAD_K, PAD_Q, PAD_W
+        fill = {"k": PAD_K, "gate": PAD_GATE, "q": PAD_Q, "weights": PAD_W}
+        return {n: torch.cat([t, torch.full((T - stored, *t.shape[1:]), fill.get(n, 0.0), dtype=t.dtype)])
+                for n, t in out.items()}
 
 
 def _error_name(exc_type) -> Optional[str]:

@@ -147,21 +147,16 @@ def _error_class(name: Optional[str]):
     return cls
 
 
-class _SavedInputs:
-    """``Step.inputs``: the recorded input tensors (copies, so a forward can not alter them)."""
-
-    def __init__(self, tensors: dict):
-        self.tensors = tensors
-
-    def __call__(self, case, step, metadata) -> dict:
-        return {k: v.clone() for k, v in self.tensors.items()}
-
-
 class _SavedMetadata:
-    """``Step.patch_metadata``: the recorded metadata, whatever the builder produced."""
+    """``Step.patch_metadata``: the recorded metadata, whatever the builder produced.
 
-    def __init__(self, saved: dict):
+    ``from_builder`` says the recorded step had no patch of its own (its metadata is the
+    builder's), so the metamorphic relations, which rebuild variants with the builder, still
+    apply to it on replay (:func:`parity.metamorphic._plain`)."""
+
+    def __init__(self, saved: dict, from_builder: bool = False):
         self.saved = saved
+        self.from_builder = from_builder
 
     def __call__(self, meta):
         from kpool.metadata import KPoolMetadata
@@ -173,6 +168,7 @@ class _SavedMetadata:
 def case_from_bundle(data: dict, tensors: dict):
     """Rebuild a :class:`cases.spec.Case` from ``case.json`` and ``inputs.pt``: every step's
     inputs and metadata are the recorded tensors."""
+    from cases.corpus import SavedInputs
     from cases.spec import CacheGeometry, Case, OutputBufferSpec, Step
     from kpool.config import KPoolConfig
     from kpool.metadata import BatchSpec, RequestSpec
@@ -184,8 +180,9 @@ def case_from_bundle(data: dict, tensors: dict):
         steps.append(Step(name=s["name"], batch=batch, request_ids=list(s["request_ids"]),
                           compute_topk=s["compute_topk"], seed=s["seed"],
                           output_buffer=OutputBufferSpec(**s["output_buffer"]) if s["output_buffer"] else None,
-                          inputs=_SavedInputs(saved["inputs"]) if saved.get("inputs") is not None else None,
-                          patch_metadata=_SavedMetadata(saved["meta"]) if saved.get("meta") is not None else None,
+                          inputs=SavedInputs(saved["inputs"]) if saved.get("inputs") is not None else None,
+                          patch_metadata=_SavedMetadata(saved["meta"], not s.get("patched_metadata", True))
+                          if saved.get("meta") is not None else None,
                           expect_error=_error_class(s["expect_error"])))
     return Case(name=data["name"], size=data["size"], config=KPoolConfig(**data["config"]),
                 geometry=CacheGeometry(**data["geometry"]), steps=steps, ape=tensors["ape"],

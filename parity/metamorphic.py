@@ -156,8 +156,10 @@ def _compare(name: str, state: StepState, base: _Run, variant: _Run, *, variant_
 
 
 def _plain(state: StepState) -> bool:
-    """Steps a relation can transform: valid input, metadata from the batch description alone."""
-    return state.step.expect_error is None and state.step.patch_metadata is None
+    """Steps a relation can transform: valid input, metadata from the batch description alone
+    (a replayed bundle's recorded builder metadata counts, :class:`parity.bundle._SavedMetadata`)."""
+    patch = state.step.patch_metadata
+    return state.step.expect_error is None and (patch is None or getattr(patch, "from_builder", False))
 
 
 # --------------------------------------------------------------------------- relations
@@ -243,7 +245,7 @@ def output_width(state: StepState, *, device, kernel_forward: Callable, extra_co
     variant = _run(kernel_forward, state, device, out_buf=buf.view)
     expect = torch.full((T + 2, cfg.output_width + extra_cols), -1, dtype=torch.int32)
     if base.out is not None:   # the base run's rows where they belong, -1 alignment columns
-        expect[:T, :cfg.output_width] = base.out.detach().cpu().reshape(T, -1)
+        expect[:T, :cfg.output_width] = base.out.detach().cpu().flatten(1)
     found = _compare("output-width", state, base, variant, kernel_buffer=buf.view.detach().cpu(),
                      reference_buffer=expect, what=f"buffer width W+{extra_cols}")
     chk = buf.check(before, T)

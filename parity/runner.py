@@ -136,7 +136,11 @@ def _modified_inputs(kwargs: dict, sources: dict) -> dict:
     """``{name: elements changed}`` of every input tensor the forward wrote (bitwise; caches and
     the output buffer are outputs and are not listed in ``sources``)."""
     def elements(t: torch.Tensor) -> torch.Tensor:   # [numel, element_size] raw bytes
-        return t.detach().cpu().contiguous().view(torch.uint8).reshape(t.numel(), t.element_size())
+        # A fresh row-major copy, not contiguous(): a tensor with a size-0 or size-1 dimension
+        # counts as contiguous whatever that dimension's stride, and such a stride of 0 (an empty
+        # (0, 1) tensor with strides (1, 0) on CUDA) cannot be viewed as bytes.
+        flat = t.detach().cpu().clone(memory_format=torch.contiguous_format).reshape(-1)
+        return flat.view(torch.uint8).reshape(t.numel(), t.element_size())
 
     changed = {}
     for name, src in sources.items():
@@ -445,8 +449,8 @@ def _determinism(case, step, meta, inputs, ape, fn, side: _Side, pristine, first
                 found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", int(diff.shape[0]),
                                          detail=f"{tag}: output_buffer differs", **where))
         elif isinstance(out1, torch.Tensor) and isinstance(out, torch.Tensor):
-            a = out1.detach().cpu().reshape(out1.shape[0], -1)
-            b = out.detach().cpu().reshape(out.shape[0], -1)
+            a = out1.detach().cpu().flatten(1)
+            b = out.detach().cpu().flatten(1)
             if a.shape != b.shape:
                 found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", 1,
                                          detail=f"{tag}: indices shape {list(a.shape)} vs {list(b.shape)}"))
