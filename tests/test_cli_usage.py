@@ -7,8 +7,8 @@ from parity.cli import main
 @pytest.mark.parametrize("argv, needle", [
     (["run", "--suite", "public", "--case", "nosuch"], "unknown public case"),
     (["run", "--kernel", "mutant:nope", "--case", "decode-tail"], "known: visible-off-by-one"),
-    (["run", "--case", "C05"], "need --suite public"),
-    (["run", "--case", "decode-tail[glm5.3-flash]"], "needs that size selected"),
+    (["run", "--suite", "seed", "--case", "C05"], "need --suite public"),
+    (["run", "--size", "small", "--case", "decode-tail[glm5.3-flash]"], "needs that size selected"),
 ])
 def test_usage_errors_exit_2_and_name_the_alternatives(argv, needle, capsys, device):
     assert main([argv[0], "--device", device, *argv[1:]]) == 2
@@ -44,4 +44,4 @@ def test_public_suite_runs_the_kernel_under_test(tmp_path, capsys, device):
 
 def test_case_with_suite_all_is_a_usage_error(capsys, device):
     assert main(["run", "--device", device, "--suite", "all", "--case", "decode-tail"]) == 2
-    assert "--case needs one suite" in capsys.readouterr().out
+    assert "--case needs one suite" in capsys.readouterr().err

@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cases.engine import Action, EngineSim, FullMode
 from cases.genvalues import ValueSpec
 from kpool.config import KPoolConfig
 
@@ -39,20 +38,12 @@ class OddStrides:
 
 
 def empty_case():
-    """Prefill, then ``T == 0`` (a zero-length request), ``R == 0`` with 2 padding rows,
-    ``R == 0`` and ``T == 0``, a cache-only ``T == 0`` step, a zero-length request beside a live
-    one, and a decode of both (random values: certificates on)."""
-    sim = EngineSim(CFG, page_size=2, num_pages=12, num_ring_blocks=3, max_pages=3, pick=lambda n: 0)
-    a, b = sim.admit(), sim.admit()
-    v = lambda i: OddStrides(ValueSpec(family="random", seed=i))     # noqa: E731
-    sim.step([Action(a, 9), Action(b, 6)], name="prefill", inputs=v(1))
-    sim.step([Action(a, 0)], name="T=0", inputs=v(2))
-    sim.step([], name="R=0,T=2", full=FullMode(pad_rows=2, stale=True), inputs=v(3))
-    sim.step([], name="R=0,T=0", full=FullMode(), inputs=v(4))
-    sim.step([Action(b, 0)], name="cache-only T=0", compute_topk=False, inputs=v(5))
-    sim.step([Action(b, 0), Action(a, 1)], name="zero-length+decode", inputs=v(6))
-    sim.step([Action(a, 1), Action(b, 1)], name="decode", inputs=v(7))
-    return sim.build("empty-steps", values="random")
+    """:func:`cases.coverage_cases.empty_steps_case` (prefill, ``T == 0``, ``R == 0`` with and
+    without padding rows, cache-only ``T == 0``, zero-length request beside a decode, decode) at
+    H = D = 1, its inputs in zero-stride layouts."""
+    from cases.coverage_cases import empty_steps_case
+    return empty_steps_case(CFG, inputs=lambda i: OddStrides(ValueSpec(family="random", seed=i)),
+                            name="empty-steps")
 
 
 def test_odd_strides_reach_the_forward():
