@@ -93,7 +93,7 @@ def guaranteed_cases(kind: str, bounds) -> List[Case]:
         ValueError: unknown ``kind``.
     """
     heads = min(2, bounds.max_heads)
-    dim = min(bounds.head_dims)
+    dim = bounds.head_dims[0]          # the shrink target: the commonest D of the profile
     if kind == "batch":
         return [residue_case(P, heads=heads, head_dim=dim, topk_pools=min(2, bounds.max_topk_pools))
                 for P in bounds.kpools]

@@ -255,15 +255,16 @@ def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine")
             console.print(line + "[green]ok[/]")
             continue
         status = EXIT_FAIL
-        console.print(line + f"[red]FAILED[/] ({escape(str(out.failure_kind))}"
-                      + (", shrunk" if out.failure_kind == "parity" else "") + ")")
+        fixed = out.case is not None and any(str(t).startswith("coverage:") for t in out.case.tags)
+        how = ", a guaranteed-coverage case" if fixed else (", shrunk" if out.failure_kind == "parity" else "")
+        console.print(line + f"[red]FAILED[/] ({escape(str(out.failure_kind))}{how})")
         _print_generated_failure(out, console, error_summary)
         if out.result is not None and out.case is not None and bundles_dir:
             commands.write_failure_bundle(out.result, out.case, options, bundles_dir, console)
         if out.saved:
             console.print(escape(f"  kept in {out.saved}; promote it into cases/corpus with: "
                                  f"python -m parity corpus add {out.saved}"))
-    for text in total.lines():
+    for text in total.lines() if total.cases else ["coverage: no generated case passed"]:
         console.print(escape(text))
     if counts is not None:
         counts["generated"] = {"line": ("PASS: " if status == EXIT_OK else "FAIL: ") + "; ".join(lines),

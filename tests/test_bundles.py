@@ -179,13 +179,60 @@ def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device)
             json.dump(data, open(path / "case.json", "w"))
         return edit
 
+    def set_field(section, key, value):
+        def edit(path):
+            data = json.load(open(path / "case.json"))
+            target = data
+            for part in section:
+                target = target[part]
+            target[key] = value
+            json.dump(data, open(path / "case.json", "w"))
+        return edit
+
+    def drop_step(path):
+        data = json.load(open(path / "case.json"))
+        data["case"]["steps"].pop()
+        json.dump(data, open(path / "case.json", "w"))
+
     cases = {
         "garbage-inputs": (lambda p: (p / "inputs.pt").write_bytes(b"not a tensor file"), "not a readable parity bundle"),
         "null-environment": (lambda p: (p / "environment.json").write_text("null"), "environment.json must hold"),
         "os-system": (set_kernel("os:system"), "replay runs only kpool"),
+        "unknown-mutant": (set_kernel("mutant:nope"), "unknown planted fault"),
+        "kernel-number": (set_kernel(42), "is not a kernel spec"),
+        "repeat-huge": (set_field(["run"], "repeat", 10 ** 9), "repeat is 1000000000"),
+        "repeat-zero": (set_field(["run"], "repeat", 0), "repeat is 0"),
+        "repeat-text": (set_field(["run"], "repeat", "2"), "repeat is '2'"),
+        "mode": (set_field(["run"], "mode", "sideways"), "mode 'sideways'"),
+        "pages-absurd": (set_field(["case", "geometry"], "num_pages", 10 ** 12), "GiB of caches"),
+        "page-size-negative": (set_field(["case", "geometry"], "page_size", -2), "geometry.page_size is -2"),
+        "config": (set_field(["case", "config"], "index_kpool", 0), "configuration is invalid"),
+        "step-count": (drop_step, "has 3 steps but inputs.pt holds 4"),
+        "steps-run": (set_field([], "steps_run", 99), "steps_run is 99"),
     }
     capsys.readouterr()
     for name, (edit, reason) in cases.items():
         assert main(["replay", damaged(name, edit)]) == 2, name
         assert reason in capsys.readouterr().err, name
     assert main(["replay", damaged("own-module", set_kernel("tests.test_reports:planted_fault"))]) in (0, 1)
+
+
+def test_replay_checks_a_fix_with_another_kernel(tmp_path, capsys, device):
+    """``replay --kernel kpool --expect pass`` checks a fix against a recorded failure; the exit
+    code answers the question asked, and the output names the kernel and the recorded one."""
+    from kpool.platform import resolve_device
+    from parity.cli import main
+    resolve_device(device)
+    out = tmp_path / "b"
+    assert main(["run", "--device", device, "--suite", "seed", "--size", "small", "--case", "prefill-tail",
+                 "--kernel", "mutant:visible-off-by-one", "--bundle-dir", str(out), "--no-oracle"]) == 1
+    path = str(out / "prefill-tail-small")
+    capsys.readouterr()
+    assert main(["replay", path]) == 0                                  # the recorded failure reproduces
+    assert "kernel=mutant:visible-off-by-one" in capsys.readouterr().out
+    assert main(["replay", path, "--expect", "pass"]) == 1              # ... so it does not pass
+    assert main(["replay", path, "--kernel", "kpool", "--expect", "pass"]) == 0
+    text = capsys.readouterr().out
+    assert "kernel=kpool" in text and "replaces the recorded mutant:visible-off-by-one" in text
+    assert main(["replay", path, "--kernel", "kpool"]) == 1             # the fix: the failure is gone
+    assert main(["replay", path, "--kernel", "mutant:nope"]) == 2
