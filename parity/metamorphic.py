@@ -25,7 +25,6 @@ returns no finding.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -256,22 +255,15 @@ def output_width(state: StepState, *, device, kernel_forward: Callable, extra_co
     return [r for r in found if r["verdict"] != "exact"] + bad or found
 
 
-def _accepts(fn: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def score_chunking(state: StepState, *, device, kernel_forward: Callable,
                    chunk_rows: Optional[Sequence[int]] = None) -> List[dict]:
     """The indexer score scratch split into chunks of ``chunk_rows`` token rows
     (``max_score_rows``): identical rows and caches. Default chunks: 1 row (up to 16 live rows,
     else 5) and half the live rows."""
+    from .runner import accepts_keyword
     t_live = state.meta.num_live_tokens
     if not _plain(state) or not state.step.compute_topk or t_live < 2 \
-            or not _accepts(kernel_forward, "max_score_rows"):
+            or not accepts_keyword(kernel_forward, "max_score_rows"):
         return []
     if chunk_rows is None:
         chunk_rows = sorted({1 if t_live <= 16 else 5, max(1, t_live // 2)})
