@@ -49,6 +49,7 @@ def test_chunk_offset_fault_is_caught_by_the_seed_case_only_when_it_chunks(devic
 def test_max_score_rows_survives_corpus_and_bundle(tmp_path, device):
     from cases.corpus import load_case, save_case
     from parity import bundle
+    from parity.replay import replay
     from parity.session import RunOptions, run_cases
     case = prefill_topk("small")
     i, step = _chunked_step(case)
@@ -59,5 +60,6 @@ def test_max_score_rows_survives_corpus_and_bundle(tmp_path, device):
     path = bundle.write_bundle(res, case, str(tmp_path / "b"), options=options)
     b = bundle.load_bundle(path)
     assert b.case.steps[i].max_score_rows == step.max_score_rows
-    _, again, diff = bundle.replay(path, device=device)
-    assert not again.ok and diff.empty, diff
+    done = replay(path, device=device)
+    # the fault reads uninitialized rows: the counts may move, the verdict must not
+    assert not done.result.ok and done.verdict_reproduced, done.diff

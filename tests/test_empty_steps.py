@@ -93,6 +93,7 @@ def test_every_metamorphic_relation_handles_empty_steps(device):
 def test_bundle_and_corpus_round_trip_of_empty_steps(tmp_path, device):
     from cases.corpus import load_case, save_case
     from parity import bundle
+    from parity.replay import replay
     from parity.runner import run_case
     from parity.session import RunOptions, run_cases
     case = empty_case()
@@ -100,8 +101,8 @@ def test_bundle_and_corpus_round_trip_of_empty_steps(tmp_path, device):
     (res,) = run_cases([case], options)
     assert res.ok, res.failures
     path = bundle.write_bundle(res, case, str(tmp_path / "b"), options=options)
-    b, again, diff = bundle.replay(path, device=device)
-    assert again.ok and diff.empty, diff
-    assert len(b.case.steps) == len(case.steps)
+    done = replay(path, device=device)
+    assert done.result.ok and done.identical, done.diff
+    assert len(done.bundle.case.steps) == len(case.steps)
     saved, _ = load_case(save_case(case, tmp_path / "corpus"))
     assert run_case(saved, device=device).ok
