@@ -6,10 +6,12 @@ a small budget can miss by chance are always exercised (kpool-algorithm.md §9 i
   ``cached_len % P`` in ``0..P-1`` (multi-row chunks, so pools complete mid-chunk, and every tail
   length ``(p + 1) % P`` is scored);
 * :func:`empty_steps_case`: steps with ``T == 0`` (a zero-length request), ``R == 0`` with and
-  without padding rows, a cache-only ``T == 0`` step and a zero-length request beside a live one.
+  without padding rows, a cache-only ``T == 0`` step and a zero-length request beside a live one;
+* :func:`rejection_and_nan_case`: a NaN compressed pool (NaN scores) and an out-of-range ring
+  block both sides must reject.
 
 :func:`guaranteed_cases` gives the batch generator one residue case per ``P`` its bounds allow,
-and the engine generator the empty-steps sequence. Data only: nothing here runs a kernel.
+and the engine generator the empty-steps and the rejection/NaN sequences. Data only: nothing here runs a kernel.
 """
 from __future__ import annotations
 
@@ -84,10 +86,36 @@ def empty_steps_case(config: Optional[KPoolConfig] = None, *,
                      description="empty steps: T == 0, R == 0, zero-length requests", tags=("coverage:empty",))
 
 
+def rejection_and_nan_case(config: Optional[KPoolConfig] = None) -> Case:
+    """A prefill whose pool-completing row carries a NaN key (a NaN compressed pool, then NaN
+    scores: §4.3 sanitization), a step with an out-of-range ring block that both sides must reject
+    with nothing written (parity-contract.md §5, public case C05), and a decode scoring the NaN pool.
+    """
+    from kpool.errors import KPoolBlockIdError
+
+    from .genvalues import Special
+    from .patches import MetadataPatch
+    cfg = config or KPoolConfig(index_n_heads=2, index_head_dim=4, index_kpool=4, index_topk=8)
+    P = cfg.index_kpool
+    max_pages = max(2, -(-(2 * P + 2) // (2 * P)))
+    sim = EngineSim(cfg, page_size=2, num_pages=2 * max_pages + 2, num_ring_blocks=2, max_pages=max_pages,
+                    pick=_pick_middle)
+    a = sim.admit()
+    nan_key = (Special("k", P - 1, 0, "nan"),)          # row P - 1 completes pool 0
+    sim.step([Action(a, 2 * P)], name="prefill-nan-key", inputs=ValueSpec(seed=1, specials=nan_key), seed=1)
+    sim.step([Action(a, 1)], name="bad-ring-block", inputs=ValueSpec(seed=2), seed=2,
+             patch=MetadataPatch("ring-block-out-of-range", (0, sim.num_ring_blocks + 5, sim.C)),
+             expect_error=KPoolBlockIdError)
+    sim.step([Action(a, 1)], name="decode", inputs=ValueSpec(seed=3), seed=3)
+    return sim.build("coverage-rejection-nan", ape=random_ape(P, cfg.index_head_dim, 3), seed=3, values="random",
+                     description="a NaN compressed pool, a rejected out-of-range ring block", tags=("coverage:nan",))
+
+
 def guaranteed_cases(kind: str, bounds) -> List[Case]:
     """The fixed cases of a generated run of ``kind`` within ``bounds``
     (:class:`cases.strategies.Bounds`): ``batch`` -> one :func:`residue_case` per allowed ``P``;
-    ``engine`` -> :func:`empty_steps_case` (when the bounds allow ``P = 4`` and empty steps).
+    ``engine`` -> :func:`empty_steps_case` (when the bounds allow empty steps) and
+    :func:`rejection_and_nan_case`.
 
     Raises:
         ValueError: unknown ``kind``.
@@ -103,5 +131,5 @@ def guaranteed_cases(kind: str, bounds) -> List[Case]:
         P = 4 if 4 in bounds.kpools else bounds.kpools[0]
         cfg = KPoolConfig(index_n_heads=heads, index_head_dim=dim, index_kpool=P, index_topk=2 * P,
                           num_speculative_tokens=1)
-        return [empty_steps_case(cfg)]
+        return [empty_steps_case(cfg), rejection_and_nan_case(cfg.with_(num_speculative_tokens=0))]
     raise ValueError(f"kind must be 'batch' or 'engine', got {kind!r}")

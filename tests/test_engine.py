@@ -159,8 +159,9 @@ def test_generated_sequences_draw_empty_steps_and_count_them(device):
 
 
 def test_guaranteed_cases_cover_empty_steps_and_every_residue(device):
-    """The fixed cases every generated run checks first: empty steps (engine) and chunk starts at
-    every residue ``0..P-1`` and every tail length, for every P the bounds allow (batch)."""
+    """The fixed cases every generated run checks first: empty steps, a NaN pool and a rejected
+    ring block (engine) and chunk starts at every residue ``0..P-1`` and every tail length, for
+    every P the bounds allow (batch)."""
     from cases.coverage import Coverage
     from cases.coverage_cases import guaranteed_cases
     from cases.profiles import PROFILES
@@ -171,6 +172,8 @@ def test_guaranteed_cases_cover_empty_steps_and_every_residue(device):
                 cov.add(case)
             if kind == "engine":
                 assert cov.classes["empty batch"] >= 3 and cov.classes["zero-length request"] >= 2
+                for cls in ("NaN cache row", "NaN score", "bad metadata rejected"):
+                    assert cov.classes[cls] >= 1, (prof.name, cls)
                 continue
             assert sorted(cov.residues) == sorted(prof.bounds.kpools)
             for P in prof.bounds.kpools:
