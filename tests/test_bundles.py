@@ -158,6 +158,7 @@ def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device)
     """A damaged file or a kernel spec outside this checkout: exit 2 with the reason, no traceback,
     nothing run."""
     import shutil
+    from parity.bundle_checks import MAX_REPEAT
     from parity.cli import main
     from kpool.platform import resolve_device
     resolve_device(device)
@@ -200,7 +201,7 @@ def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device)
         "os-system": (set_kernel("os:system"), "replay runs only kpool"),
         "unknown-mutant": (set_kernel("mutant:nope"), "unknown planted fault"),
         "kernel-number": (set_kernel(42), "is not a kernel spec"),
-        "repeat-huge": (set_field(["run"], "repeat", 10 ** 9), "repeat is 1000000000"),
+        "repeat-huge": (set_field(["run"], "repeat", MAX_REPEAT + 1), f"repeat is {MAX_REPEAT + 1}"),
         "repeat-zero": (set_field(["run"], "repeat", 0), "repeat is 0"),
         "repeat-text": (set_field(["run"], "repeat", "2"), "repeat is '2'"),
         "mode": (set_field(["run"], "mode", "sideways"), "mode 'sideways'"),
