@@ -15,18 +15,26 @@ PYTHON_ASCEND ?=
 export PYTHON PYTHON_ASCEND
 
 # ---- parity knobs ---------------------------------------------------------
+# Every knob becomes a flag of `python -m parity run`; the CLI's own defaults are the same
+# (suite all, size all), so `make parity` and `python -m parity run` run the same cases.
+# CI workflows call `make parity` with these knobs, never with a replacement command line.
 DEVICE ?=
 SIZE   ?= all
 SUITE  ?= all
 PROFILE ?=
+KERNEL ?=
 JOBS   ?= 1
 SEED   ?=
 REPORT ?=
 JUNIT  ?=
-PARITY_ARGS ?= $(if $(DEVICE),--device $(DEVICE)) --suite $(SUITE) --size $(SIZE) \
-               $(if $(PROFILE),--profile $(PROFILE)) \
+PARITY_EXTRA ?=
+PARITY_ARGS_GONE = PARITY_ARGS replaced the whole command line (a device job ran the seed suite only) \
+and is gone: use DEVICE= SIZE= SUITE= PROFILE= KERNEL= JOBS= SEED= REPORT= JUNIT=, and PARITY_EXTRA= for other flags
+PARITY_FLAGS = $(if $(DEVICE),--device $(DEVICE)) --suite $(SUITE) --size $(SIZE) \
+               $(if $(PROFILE),--profile $(PROFILE)) $(if $(KERNEL),--kernel $(KERNEL)) \
                $(if $(SEED),--seed $(SEED)) $(if $(REPORT),--report $(REPORT)) \
-               $(if $(JUNIT),--junit $(JUNIT)) $(if $(filter-out 1,$(JOBS)),--jobs $(JOBS))
+               $(if $(JUNIT),--junit $(JUNIT)) $(if $(filter-out 1,$(JOBS)),--jobs $(JOBS)) \
+               $(PARITY_EXTRA)
 BENCH_SIZE ?= small
 BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) --size $(BENCH_SIZE)
 
@@ -42,7 +50,10 @@ help:
 	@echo "make parity   - Triton kernels vs PyTorch reference: corpus of shrunk failures first, seed"
 	@echo "                scenarios, public cases C01..C31, a generated budget with coverage (SUITE=all)"
 	@echo "                (DEVICE=npu|cuda|cpu SIZE=$(SIZE) SUITE=all|corpus|seed|public|generated"
-	@echo "                 PROFILE=ci|dev|device|nightly SEED= REPORT=DIR JUNIT=FILE)"
+	@echo "                 PROFILE=ci|dev|device|nightly KERNEL=kpool|mutant:NAME|module:function"
+	@echo "                 SEED= JOBS= REPORT=DIR JUNIT=FILE PARITY_EXTRA='more flags')"
+	@echo "                A run writes only under REPORT (default ./parity-out): shrunk failures in"
+	@echo "                corpus-candidates/ (promote: python -m parity corpus add PATH), bundles/"
 	@echo "make test     - corpus replay, then unit tests with the ci hypothesis profile"
 	@echo "                (HYPOTHESIS_PROFILE=ci; PYTEST_ARGS='$(PYTEST_ARGS)')"
 	@echo "make bench    - benchmarks"
@@ -55,9 +66,10 @@ bootstrap:
 	@$(BOOTSTRAP) main
 
 parity:
+	$(if $(strip $(PARITY_ARGS)),$(error $(PARITY_ARGS_GONE)))
 	@PY="$$($(BOOTSTRAP) main)"; \
-	echo "[make] $$PY -m parity run $(strip $(PARITY_ARGS))" >&2; \
-	"$$PY" -m parity run $(PARITY_ARGS)
+	echo "[make] $$PY -m parity run $(strip $(PARITY_FLAGS))" >&2; \
+	"$$PY" -m parity run $(strip $(PARITY_FLAGS))
 
 # The corpus of shrunk failures is replayed first; then everything else (ci hypothesis profile
 # unless HYPOTHESIS_PROFILE says otherwise).
@@ -79,9 +91,9 @@ test-ascend-interp: export KPOOL_DEVICE = cpu
 test-ascend-interp:
 	@PY_ASCEND="$$($(BOOTSTRAP) ascend)"; \
 	$(RUN_PYTEST) "$$PY_ASCEND" $(PYTEST_ARGS) tests -m interpreter_ok; \
-	echo "[make] $$PY_ASCEND -m parity run --device cpu --size small --failures-only" >&2; \
-	"$$PY_ASCEND" -m parity run --device cpu --size small --failures-only
+	echo "[make] $$PY_ASCEND -m parity run --device cpu --suite seed --size small --failures-only" >&2; \
+	"$$PY_ASCEND" -m parity run --device cpu --suite seed --size small --failures-only
 
 clean:
-	rm -rf .venv .venv-ascend .pytest_cache .hypothesis reports build *.egg-info
+	rm -rf .venv .venv-ascend .pytest_cache .hypothesis reports bundles parity-out build *.egg-info
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

@@ -4,7 +4,7 @@ The device is resolved once, before any test module imports a kernel: ``--device
 ``KPOOL_DEVICE``) in {auto, npu, cuda, cpu}; ``cpu`` turns on the Triton interpreter. Markers
 ``cuda``/``npu``/``cpu`` skip tests meant for another device; ``slow`` marks GLM-size tests.
 Hypothesis profiles come from :mod:`cases.profiles` (``HYPOTHESIS_PROFILE`` selects one, default
-``ci``); the ``warm_kernels`` fixture runs every kernel once before deadline-bound generated tests.
+``ci``); the ``warm_kernels`` fixture runs every kernel once before the generated tests.
 """
 import os
 
@@ -60,7 +60,10 @@ def torch_device(device):
 
 @pytest.fixture(scope="session")
 def warm_kernels(device):
-    """Run every kernel once on the session device before generated tests measure deadlines
-    (:func:`cases.profiles.warm_kernels`); returns the seconds spent."""
+    """Run every kernel once on the session device before the generated tests
+    (:func:`cases.profiles.warm_kernels`); returns its :class:`cases.profiles.WarmUp`, which
+    must have passed."""
     from cases.profiles import warm_kernels as warm
-    return warm(device)
+    done = warm(device)
+    assert done.ok, [res.failures for _, res in done.failed]
+    return done

@@ -35,13 +35,33 @@ FORMAT = 1
 
 
 class SavedInputs:
-    """``Step.inputs`` callable returning stored tensors (fresh copies each call)."""
+    """``Step.inputs`` callable returning stored tensors (fresh copies each call), for the corpus
+    and the repro bundles (:mod:`parity.bundle`).
+
+    A metamorphic relation may ask for the same live rows under more FULL-mode padding rows
+    (``metadata.num_tokens`` above the stored row count, the live rows unchanged): the extra rows
+    get the large padding garbage of :mod:`cases.values`, as a generator would give them.
+
+    Raises (on call):
+        ValueError: the metadata needs fewer rows than stored, or more live rows than stored.
+    """
 
     def __init__(self, tensors: dict):
         self.tensors = tensors
 
     def __call__(self, case, step, metadata) -> dict:
-        return {n: t.clone() for n, t in self.tensors.items()}
+        out = {n: t.clone() for n, t in self.tensors.items()}
+        stored = next(iter(out.values())).shape[0] if out else 0
+        T, t_live = int(metadata.num_tokens), int(metadata.num_live_tokens)
+        if T == stored or not out:
+            return out
+        if T < stored or t_live > stored:
+            raise ValueError(f"step {step.name}: the stored inputs have {stored} rows, the metadata needs "
+                             f"{T} ({t_live} live)")
+        from .values import PAD_GATE, PAD_K, PAD_Q, PAD_W
+        fill = {"k": PAD_K, "gate": PAD_GATE, "q": PAD_Q, "weights": PAD_W}
+        return {n: torch.cat([t, torch.full((T - stored, *t.shape[1:]), fill.get(n, 0.0), dtype=t.dtype)])
+                for n, t in out.items()}
 
 
 def _error_name(exc_type) -> Optional[str]:
@@ -80,6 +100,7 @@ def case_to_json(case: Case, **info) -> Tuple[dict, dict]:
             "patch": step.patch_metadata.to_json() if step.patch_metadata is not None else None,
             "expect_error": _error_name(step.expect_error),
             "forks": [list(f) for f in step.forks],
+            "max_score_rows": step.max_score_rows,
             # how the tensors in the .pt were generated (informational: replays read the tensors)
             "values": step.inputs.to_json() if hasattr(step.inputs, "to_json") else None,
         })
@@ -109,12 +130,14 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def save_case(case: Case, directory=CORPUS_DIR, *, name: Optional[str] = None, **info) -> Path:
+def save_case(case: Case, directory, *, name: Optional[str] = None, **info) -> Path:
     """Write ``case`` as ``<name>.json`` + ``<name>.pt`` into ``directory`` (created if needed).
 
     Args:
         case: the case (inputs are materialised now).
-        directory: target directory (default :data:`CORPUS_DIR`).
+        directory: target directory, always given: a run saves into its own output directory
+            (``corpus-candidates``); only ``python -m parity corpus add`` and ``python -m
+            cases.grow`` write :data:`CORPUS_DIR`.
         name: entry name (default ``case.name``).
         info: provenance fields (``found_by``, ``fault``, ``note``, ``expect``...).
     Returns:
@@ -155,7 +178,8 @@ def load_case(path) -> Tuple[Case, dict]:
             output_buffer=OutputBufferSpec(**s["output_buffer"]) if s["output_buffer"] else None,
             seed=s["seed"], inputs=SavedInputs(inputs),
             patch_metadata=MetadataPatch.from_json(s["patch"]) if s["patch"] else None,
-            expect_error=_error_type(s["expect_error"]), forks=tuple(tuple(f) for f in s["forks"])))
+            expect_error=_error_type(s["expect_error"]), forks=tuple(tuple(f) for f in s["forks"]),
+            max_score_rows=s.get("max_score_rows")))
     case = Case(name=doc["name"], size=doc["size"], config=KPoolConfig(**doc["config"]),
                 geometry=CacheGeometry(**doc["geometry"]), steps=steps, ape=tensors["ape"], seed=doc["seed"],
                 values=doc["values"], description=doc.get("description", ""), tags=tuple(doc.get("tags", ())))
@@ -205,6 +229,8 @@ def describe(case: Case) -> List[str]:
             flags.append(f"expect {s.expect_error.__name__}")
         if s.forks:
             flags.append(f"forks {list(s.forks)}")
+        if s.max_score_rows is not None:
+            flags.append(f"max_score_rows {s.max_score_rows}")
         spec = s.inputs
         if spec is not None and hasattr(spec, "family"):
             flags.append(f"values {spec.family}" + (f" specials {len(spec.specials)}" if spec.specials else ""))
@@ -215,3 +241,39 @@ def describe(case: Case) -> List[str]:
 def default_directory() -> Path:
     """``$KPOOL_CORPUS_DIR`` if set, else :data:`CORPUS_DIR`."""
     return Path(os.environ.get("KPOOL_CORPUS_DIR") or CORPUS_DIR)
+
+
+def promote(path, directory=None, *, name: Optional[str] = None, force: bool = False) -> Path:
+    """Copy one saved case (a ``corpus-candidates`` entry of a run, or any entry) into the corpus
+    (``python -m parity corpus add``); the JSON is checked to load first.
+
+    Args:
+        path: the entry's ``.json`` (its ``.pt`` next to it).
+        directory: the corpus (default :func:`default_directory`).
+        name: new entry name (default the entry's own).
+        force: replace an entry of that name.
+    Returns:
+        The new JSON path.
+    Raises:
+        FileNotFoundError: no such entry. ValueError: not a loadable corpus entry.
+        FileExistsError: an entry of that name exists and ``force`` is false.
+    """
+    path = Path(path)
+    if path.suffix != ".json":
+        path = path.with_suffix(".json")
+    if not path.is_file() or not path.with_suffix(".pt").is_file():
+        raise FileNotFoundError(f"{path}: no corpus entry here (need {path.name} and {path.with_suffix('.pt').name})")
+    try:
+        case, doc = load_case(path)
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise ValueError(f"{path} is not a loadable corpus entry: {type(exc).__name__}: {exc}") from exc
+    directory = Path(directory or default_directory())
+    target = directory / f"{safe_name(name or doc['name'])}.json"
+    if target.exists() and not force:
+        raise FileExistsError(f"{target} exists (pass --name NEW or --force)")
+    directory.mkdir(parents=True, exist_ok=True)
+    doc["name"] = target.stem
+    target.write_text(_dumps(doc) + "\n")
+    import shutil
+    shutil.copyfile(path.with_suffix(".pt"), target.with_suffix(".pt"))
+    return target

@@ -10,15 +10,21 @@ Used by ``tests/test_strategies.py`` / ``tests/test_engine.py`` (the ``ci`` prof
    on both sides (parity-contract.md §5);
 2. on every ``repeat_every``-th example, runs it again and requires every kernel output and cache
    state to be bitwise identical to the first run (determinism, public case C27);
-3. enforces the profile's net deadline (Triton compile time excluded, :class:`cases.profiles.JitClock`);
+3. measures its wall time net of Triton compilation (:class:`cases.profiles.JitClock`) and notes
+   the examples slower than the profile's ``slow_example_s`` (a warning: nothing here depends on
+   wall-clock time);
 4. adds the case to the :class:`cases.coverage.Coverage` of the run (until the first failure).
+
+The guaranteed-coverage cases of :mod:`cases.coverage_cases` run first (explicit examples).
+Whatever goes wrong (a parity failure, a harness exception, a nondeterministic kernel, a
+hypothesis ``FlakyFailure`` / ``ExceptionGroup``) ends in :attr:`GeneratedOutcome.error`, never
+as an exception out of :func:`run_generated`.
 """
 from __future__ import annotations
 
 import inspect
 import time
 import warnings
-from datetime import timedelta
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -36,14 +42,6 @@ class ParityFailure(AssertionError):
     def __init__(self, case, result, message: str):
         super().__init__(message)
         self.case, self.result = case, result
-
-
-class NetDeadlineExceeded(AssertionError):
-    """An example took longer than the profile's net deadline (compile time excluded)."""
-
-    def __init__(self, case, net_s: float, deadline_s: float):
-        super().__init__(f"{case.case_id}: {net_s:.1f} s net of Triton compilation > deadline {deadline_s:.1f} s")
-        self.case = case
 
 
 class HarnessCrash(AssertionError):
@@ -71,8 +69,10 @@ class GeneratedOutcome:
         (shrink attempts included). passed_examples: examples that passed before any failure.
         case / result / error: the shrunk failing case, its result and the exception (``None`` when
         every example passed). coverage: input classes of the passing examples. wall_s / jit_s:
-        wall and compile seconds. saved: corpus JSON path of the shrunk failure (if saved).
+        wall and compile seconds. saved: JSON path of the shrunk failure, written to the
+        ``corpus_dir`` the caller gave (a run's candidates directory, never the checkout).
         notes: hypothesis's own report lines (falsifying example, reproduce blob, shrink notes).
+        slow: one line per example slower than the profile's ``slow_example_s`` (warnings).
     """
 
     kind: str
@@ -87,11 +87,49 @@ class GeneratedOutcome:
     jit_s: float = 0.0
     saved: Optional[Path] = None
     notes: List[str] = field(default_factory=list)
+    slow: List[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """No failure."""
         return self.error is None
+
+    @property
+    def failure_kind(self) -> Optional[str]:
+        """``None`` (passed), ``parity`` (a finding), ``harness-crash``, ``nondeterministic``,
+        ``flaky`` (hypothesis saw an example fail, then pass on replay) or ``error``."""
+        return failure_kind(self.error)
+
+
+def failure_kind(error: Optional[BaseException]) -> Optional[str]:
+    """The class of a generated run's error (:attr:`GeneratedOutcome.failure_kind`)."""
+    if error is None:
+        return None
+    from hypothesis.errors import Flaky
+    for cls, kind in ((ParityFailure, "parity"), (HarnessCrash, "harness-crash"),
+                      (Nondeterministic, "nondeterministic"), (Flaky, "flaky")):
+        if isinstance(error, cls):
+            return kind
+    return "error"
+
+
+def _case_of(error: BaseException):
+    """The generated case an error carries, looking inside exception groups (FlakyFailure)."""
+    case = getattr(error, "case", None)
+    for inner in getattr(error, "exceptions", ()) if case is None else ():
+        case = _case_of(inner)
+        if case is not None:
+            break
+    return case
+
+
+def error_summary(error: BaseException, limit: int = 4) -> str:
+    """One paragraph for the console: the error's class and message, plus the first ``limit``
+    inner exceptions of a group (a ``FlakyFailure`` lists the failures that did not repeat)."""
+    lines = [f"{type(error).__name__}: {error}"]
+    for inner in list(getattr(error, "exceptions", ()))[:limit]:
+        lines.append(f"  inner {type(inner).__name__}: " + str(inner).splitlines()[0][:300])
+    return "\n".join(lines)
 
 
 def failure_message(case, result, limit: int = 12) -> str:
@@ -124,7 +162,7 @@ def fingerprint(case) -> str:
     h.update(repr((case.config, case.geometry, case.values, case.seed)).encode())
     for s in case.steps:
         h.update(repr((s.name, s.batch, list(s.request_ids), s.compute_topk, s.output_buffer, s.seed, s.inputs,
-                       s.patch_metadata, s.expect_error, tuple(s.forks))).encode())
+                       s.patch_metadata, s.expect_error, tuple(s.forks), s.max_score_rows)).encode())
     if case.ape is not None:
         h.update(case.ape.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
@@ -155,8 +193,9 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
                   check_oracle: bool = True, seed: Optional[int] = None, corpus_dir=None,
                   corpus_info: Optional[dict] = None, repeat_every: int = 5, shrink_s: Optional[float] = None,
                   bounds=None, collect_coverage: bool = True,
-                  shrink_calls: Optional[int] = None) -> GeneratedOutcome:
-    """Run ``examples`` generated cases of ``kind`` and shrink the first failure.
+                  shrink_calls: Optional[int] = None, guaranteed: bool = True) -> GeneratedOutcome:
+    """Run the guaranteed-coverage cases and ``examples`` generated cases of ``kind``, and shrink
+    the first failure.
 
     Args:
         kind: ``"batch"`` (:func:`cases.strategies.batch_cases`) or ``"engine"``
@@ -168,8 +207,9 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
             ``reference.stateful.forward``); the reference is always wrapped in
             :func:`cases.patches.checked_reference`.
         check_oracle: also check reference vs whole-history oracle.
-        seed: hypothesis seed (turns derandomization off); ``None`` keeps the profile's setting.
-        corpus_dir: save the shrunk failure there (``None``: do not save).
+        seed: hypothesis seed; ``None`` keeps the profile's (:attr:`cases.profiles.Profile.seed`).
+        corpus_dir: save the shrunk failure there (``None``: do not save). Callers pass a run's
+            output directory: a run never writes into the checkout's corpus.
         corpus_info: provenance fields for the saved entry.
         repeat_every: run every n-th passing example twice and require bitwise-identical kernel
             results (0 = never).
@@ -179,20 +219,23 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
             shrunk result depends on a count, not on the machine's speed.
         bounds: :class:`cases.strategies.Bounds` override.
         collect_coverage: classify passing examples (:mod:`cases.coverage`).
+        guaranteed: first check :func:`cases.coverage_cases.guaranteed_cases` (explicit
+            examples; planted-fault searches turn them off to test the generator and shrinker).
 
     Returns:
-        :class:`GeneratedOutcome`.
+        :class:`GeneratedOutcome` (failures of every kind are in its ``error``).
     Raises:
         ValueError: unknown ``kind``.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import HealthCheck, Phase, example, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis.reporting import with_reporter
 
     from parity.runner import run_case
 
+    from .coverage_cases import guaranteed_cases
     from .patches import checked_reference
     from .strategies import batch_cases, engine_cases
 
@@ -244,19 +287,22 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
                     raise Nondeterministic(case, diffs)
         outcome.jit_s += clock.seconds
         net = time.perf_counter() - t0 - clock.seconds
-        if net > prof.deadline_s:
-            raise NetDeadlineExceeded(case, net, prof.deadline_s)
+        if net > prof.slow_example_s:    # a warning only: no result depends on wall-clock time
+            outcome.slow.append(f"{case.case_id}: {net:.1f} s net of Triton compilation "
+                                f"(> {prof.slow_example_s:g} s)")
         if not state["failed"]:
             outcome.passed_examples += 1
             if collect_coverage:
                 outcome.coverage.add(case)
 
     test = given(strategy)(check)
-    test = settings(max_examples=n, database=None, deadline=timedelta(seconds=prof.deadline_s + prof.jit_allowance_s), report_multiple_bugs=False,
-                    derandomize=prof.derandomize and seed is None,
-                    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    for case in reversed(guaranteed_cases(kind, bounds) if guaranteed else []):
+        test = example(case)(test)      # explicit examples run first, in list order
+    test = settings(max_examples=n, database=None, deadline=None, report_multiple_bugs=False,
+                    derandomize=False, phases=[Phase.explicit, Phase.generate, Phase.shrink],
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])(test)
+    seed = prof.seed if seed is None else seed
     if seed is not None:
         test = hypothesis_seed(seed)(test)
     t0 = time.perf_counter()
@@ -266,9 +312,9 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         try:
             test()
-        except (ParityFailure, NetDeadlineExceeded, AssertionError) as exc:
+        except Exception as exc:     # FlakyFailure / ExceptionGroup included: a finding, not a traceback
             outcome.error = exc
-            outcome.case = getattr(exc, "case", None)
+            outcome.case = _case_of(exc)
             outcome.result = getattr(exc, "result", None)
     if isinstance(outcome.error, ParityFailure):
         _trim(outcome, device, kernel_forward, reference, check_oracle)

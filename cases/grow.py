@@ -4,8 +4,9 @@ For each fault of :data:`parity.mutants.PLANTED_FAULTS`, the generator that find
 ``ci`` budget (:data:`FINDERS`) runs against that mutant; the shrunk failure is written to
 ``cases/corpus/planted-<mutant>.json`` + ``.pt`` with ``"expect": "fail:<mutant>"``: replayed with
 the production kernels it must pass, replayed with the mutant it must still fail
-(``tests/test_corpus.py``). Real failures found by ``--suite generated`` land in the same
-directory with ``"expect": "pass"``.
+(``tests/test_corpus.py``). This is an explicit developer command; a run never writes the
+corpus (``--suite generated`` saves its shrunk failures in the run's ``corpus-candidates``, and
+``python -m parity corpus add PATH`` promotes one).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     for fault, mutant in PLANTED_FAULTS.items():
         out = run_generated(FINDERS[mutant], device=device, profile=prof, kernel_forward=load_mutant(mutant).forward,
                             examples=prof.fault_examples, shrink_calls=400, repeat_every=0,
-                            collect_coverage=False)
+                            collect_coverage=False, guaranteed=False)
         if out.case is None:
             print(f"{mutant}: NOT FOUND in {out.examples} examples", file=sys.stderr)
             status = 1

@@ -65,6 +65,7 @@ class _StepPlan:
     num_padded_requests: int
     stale_tail_slots: bool
     output_buffer: Optional[OutputBufferSpec]
+    max_score_rows: Optional[int] = None
 
 
 @dataclass
@@ -88,9 +89,10 @@ class _Plan:
 
     def step(self, name: str, requests: Sequence[Tuple[int, int, int]], *, compute_topk: bool = True,
              num_tokens: Optional[int] = None, full_mode: bool = False, num_padded_requests: int = 0,
-             stale_tail_slots: bool = False, output_buffer: Optional[OutputBufferSpec] = None) -> None:
+             stale_tail_slots: bool = False, output_buffer: Optional[OutputBufferSpec] = None,
+             max_score_rows: Optional[int] = None) -> None:
         self.steps.append(_StepPlan(name, [tuple(r) for r in requests], compute_topk, num_tokens, full_mode,
-                                    num_padded_requests, stale_tail_slots, output_buffer))
+                                    num_padded_requests, stale_tail_slots, output_buffer, max_score_rows))
 
     def _pages_for(self, raw_len: int) -> int:
         # A scheduler allocates pages for every token, incomplete pool included; at least one.
@@ -129,14 +131,17 @@ class _Plan:
                               block_table_width=width_full if s.full_mode else None,
                               stale_tail_slots=s.stale_tail_slots)
             steps.append(Step(name=s.name, batch=batch, request_ids=[rid for rid, _, _ in s.requests],
-                              compute_topk=s.compute_topk, output_buffer=s.output_buffer, seed=i + 1))
+                              compute_topk=s.compute_topk, output_buffer=s.output_buffer, seed=i + 1,
+                              max_score_rows=s.max_score_rows))
         geometry = CacheGeometry(num_pages=num_pages, page_size=self.page_size, num_tail_blocks=num_tail_blocks,
                                  page_padding=self.page_padding, ring_block_padding=self.ring_block_padding)
         ape = None
         if values == "exact":
             ape = torch.zeros(self.config.index_kpool, self.config.index_head_dim, dtype=torch.float32)
+        # "suite:seed" (parity.session.SEED_TAG): the device-default decode relations apply
         return Case(name=self.name, size=self.size, config=self.config, geometry=geometry, steps=steps,
-                    ape=ape, seed=self.seed, values=values, description=description, tags=tuple(tags))
+                    ape=ape, seed=self.seed, values=values, description=description,
+                    tags=("suite:seed", *tags))
 
 
 def _wide_buffer(config: KPoolConfig, capacity: int) -> OutputBufferSpec:
@@ -203,9 +208,16 @@ def pool_boundary_decode(size: str) -> Case:
     return plan.build("decodes completing a pool in the same step (visible below/at/above K_pool)", "exact")
 
 
+CHUNK_ROWS = {"small": 5, "glm5.3-flash": 8}
+"""``max_score_rows`` of ``prefill-topk``'s ``chunk-2`` step (12 / 22 live rows): the kernel scores
+it in three chunks, the last one partial, so a chunk written at the wrong rows shows
+(kpool-algorithm.md §4.6; the kernel's own 256 MiB scratch bound is never reached by a seed case)."""
+
+
 def prefill_topk(size: str) -> Case:
     """``prefill-topk``: prefill rows whose visible pool counts are below, exactly at, one above
-    and far above K_pool (small: 1, 2, 3, 11; GLM: 511, 512, 513, 562). Random data."""
+    and far above K_pool (small: 1, 2, 3, 11; GLM: 511, 512, 513, 562); the two-request chunk is
+    scored in chunks of :data:`CHUNK_ROWS` rows. Random data."""
     glm = _glm(size)
     if glm:
         first, second, far = 2043, 18, 2250   # chunk 2 covers p = 2043..2060: visible 511..515
@@ -215,7 +227,7 @@ def prefill_topk(size: str) -> Case:
     plan.step("context", [(1, 0, far)], compute_topk=not glm)
     plan.step("chunk-1", [(0, 0, first)])
     # Chunk 2 starts mid-pool (reads the ring); request 1's rows are far above K_pool.
-    plan.step("chunk-2", [(1, far, 4 if glm else 3), (0, first, second)])
+    plan.step("chunk-2", [(1, far, 4 if glm else 3), (0, first, second)], max_score_rows=CHUNK_ROWS[size])
     plan.step("decode", [(0, first + second, 1), (1, far + (4 if glm else 3), 1)])
     return plan.build("prefill rows with visible pools below / at / one above / far above K_pool", "random")
 

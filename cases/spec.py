@@ -52,6 +52,10 @@ class Step:
             ``src_id`` (its block table shares ``src_id``'s pages; the oracle copies that prefix
             with :meth:`reference.oracle.HistoryOracle.fork`). Kernel-correct only when
             ``upto_position`` is a multiple of P (kpool-algorithm.md §5.2).
+        max_score_rows: the kernel side scores at most this many token rows per chunk of its
+            score scratch (``kpool.indexer.forward(max_score_rows=...)``); ``None``: the kernel's
+            own chunking (256 MiB of scratch, which no interpreter-sized case reaches). Results
+            must not depend on it (kpool-algorithm.md §4.6).
     """
 
     name: str
@@ -64,6 +68,7 @@ class Step:
     patch_metadata: Optional[Callable[[KPoolMetadata], KPoolMetadata]] = None
     expect_error: Optional[type] = None
     forks: Sequence[Tuple[int, int, int]] = ()
+    max_score_rows: Optional[int] = None
 
 
 @dataclass(frozen=True)

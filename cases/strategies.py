@@ -86,9 +86,8 @@ class Bounds:
             ring capacity ``C = P`` (< ``P + spec``). Kernels and reference agree on it; only the
             whole-history oracle can tell, once a rejected draft clobbered a committed ring row.
         empty_steps: keep a drawn step with no live row and no padding (``T == 0`` or ``R == 0``,
-            kpool-algorithm.md §9 item 3) instead of turning it into a decode. Off in
-            :data:`TINY` (the derandomized ``ci`` sequence and its planted-fault budgets were tuned
-            without it); on in the ``dev``, ``device`` and ``nightly`` profiles.
+            kpool-algorithm.md §9 item 3) instead of turning it into a decode (on in every
+            profile; ``False`` only for tests that want a step with rows).
     """
 
     kpools: Tuple[int, ...] = KPOOLS
@@ -108,7 +107,7 @@ class Bounds:
     verify_weight: int = 2
     chunk_weight: int = 2
     step_kinds: Tuple[str, ...] = ("eager", "full", "cache-only")
-    empty_steps: bool = False
+    empty_steps: bool = True
 
 
 TINY = Bounds()
@@ -218,7 +217,7 @@ def _draw_step(draw, ctx: _Ctx, index: int, kind: Optional[str] = None) -> None:
     T = sum(a.query_len for a in actions) + (full.pad_rows if full else 0)
     R = len(actions) + (full.padded_requests if full else 0)
     if (T == 0 or R == 0) and not ctx.bounds.empty_steps:
-        # Bounds.empty_steps off (the ci budget): turn the empty step into a decode.
+        # Bounds.empty_steps off: turn the empty step into a decode.
         rid = next((r for r in sorted(sim.requests) if sim.requests[r].committed < sim.max_len()), None)
         if rid is None:
             return

@@ -15,8 +15,9 @@ without the code that generated it:
   versions, git revision;
 * ``README.md``: what failed and the one-line command ``python -m parity replay BUNDLE``.
 
-:func:`replay` loads a bundle, reruns the case with the recorded options (the saved inputs and
-metadata replace the generators) and compares the new finding table with the recorded one.
+:func:`parity.replay.replay` loads a bundle, reruns the case with the recorded options (the saved
+inputs and metadata replace the generators) and compares the new finding table with the recorded
+one; :mod:`parity.bundle_checks` refuses fields a replay must not run.
 """
 from __future__ import annotations
 
@@ -130,7 +131,8 @@ def case_to_dict(case) -> dict:
                    "compute_topk": s.compute_topk, "seed": s.seed,
                    "output_buffer": dataclasses.asdict(s.output_buffer) if s.output_buffer else None,
                    "expect_error": s.expect_error.__name__ if s.expect_error else None,
-                   "explicit_inputs": s.inputs is not None, "patched_metadata": s.patch_metadata is not None}
+                   "explicit_inputs": s.inputs is not None, "patched_metadata": s.patch_metadata is not None,
+                   "forks": [list(f) for f in s.forks], "max_score_rows": s.max_score_rows}
                   for s in case.steps],
     }
 
@@ -147,21 +149,16 @@ def _error_class(name: Optional[str]):
     return cls
 
 
-class _SavedInputs:
-    """``Step.inputs``: the recorded input tensors (copies, so a forward can not alter them)."""
-
-    def __init__(self, tensors: dict):
-        self.tensors = tensors
-
-    def __call__(self, case, step, metadata) -> dict:
-        return {k: v.clone() for k, v in self.tensors.items()}
-
-
 class _SavedMetadata:
-    """``Step.patch_metadata``: the recorded metadata, whatever the builder produced."""
+    """``Step.patch_metadata``: the recorded metadata, whatever the builder produced.
 
-    def __init__(self, saved: dict):
+    ``from_builder`` says the recorded step had no patch of its own (its metadata is the
+    builder's), so the metamorphic relations, which rebuild variants with the builder, still
+    apply to it on replay (:func:`parity.metamorphic._plain`)."""
+
+    def __init__(self, saved: dict, from_builder: bool = False):
         self.saved = saved
+        self.from_builder = from_builder
 
     def __call__(self, meta):
         from kpool.metadata import KPoolMetadata
@@ -173,6 +170,7 @@ class _SavedMetadata:
 def case_from_bundle(data: dict, tensors: dict):
     """Rebuild a :class:`cases.spec.Case` from ``case.json`` and ``inputs.pt``: every step's
     inputs and metadata are the recorded tensors."""
+    from cases.corpus import SavedInputs
     from cases.spec import CacheGeometry, Case, OutputBufferSpec, Step
     from kpool.config import KPoolConfig
     from kpool.metadata import BatchSpec, RequestSpec
@@ -184,9 +182,12 @@ def case_from_bundle(data: dict, tensors: dict):
         steps.append(Step(name=s["name"], batch=batch, request_ids=list(s["request_ids"]),
                           compute_topk=s["compute_topk"], seed=s["seed"],
                           output_buffer=OutputBufferSpec(**s["output_buffer"]) if s["output_buffer"] else None,
-                          inputs=_SavedInputs(saved["inputs"]) if saved.get("inputs") is not None else None,
-                          patch_metadata=_SavedMetadata(saved["meta"]) if saved.get("meta") is not None else None,
-                          expect_error=_error_class(s["expect_error"])))
+                          inputs=SavedInputs(saved["inputs"]) if saved.get("inputs") is not None else None,
+                          patch_metadata=_SavedMetadata(saved["meta"], not s.get("patched_metadata", True))
+                          if saved.get("meta") is not None else None,
+                          expect_error=_error_class(s["expect_error"]),
+                          forks=tuple(tuple(f) for f in s.get("forks", ())),
+                          max_score_rows=s.get("max_score_rows")))
     return Case(name=data["name"], size=data["size"], config=KPoolConfig(**data["config"]),
                 geometry=CacheGeometry(**data["geometry"]), steps=steps, ape=tensors["ape"],
                 seed=data["seed"], values=data["values"], description=data["description"],
@@ -268,6 +269,8 @@ def write_bundle(result, case, directory: str, *, options, env: Optional[dict] =
              f"First divergent step: {result.first_divergent_step}", "", "## Failures", ""]
     lines.append(report.markdown_table(fails, list(report.REPORT_COLUMNS) + ["detail"]) if len(fails)
                  else "No failures (recorded on request).")
+    lines += [""] + report.crash_markdown(table)
+    lines += ["Check a fix against this failure: `python -m parity replay BUNDLE --kernel kpool --expect pass`."]
     with open(os.path.join(directory, "README.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return directory
@@ -297,8 +300,10 @@ def load_bundle(directory: str) -> Bundle:
 
     Raises:
         FileNotFoundError: not a bundle directory. ValueError: unknown format version, a damaged
-        file, or a kernel spec outside this checkout (:func:`_check_kernel_spec`).
+        file, or a field a replay must not run (:mod:`parity.bundle_checks`: a kernel spec outside
+        this checkout, an absurd ``repeat`` or cache geometry, a step count that does not match).
     """
+    from . import bundle_checks as checks
     from .session import RunOptions
     path = os.path.join(directory, "case.json")
     if not os.path.isfile(path):
@@ -318,6 +323,11 @@ def load_bundle(directory: str) -> Bundle:
         if not isinstance(env, dict) or not isinstance(records, list):
             raise ValueError("environment.json must hold an object and findings.json a list")
         findings = cmp.findings_frame([{k: v for k, v in r.items() if k in cmp.FINDING_COLUMNS} for r in records])
+        if not isinstance(tensors, dict) or not isinstance(tensors.get("steps"), list):
+            raise ValueError("inputs.pt holds no step list")
+        checks.check_run(data.get("run"))
+        checks.check_case(data.get("case"), len(tensors["steps"]))
+        checks.check_counts(data, outputs, findings)
         bundle = Bundle(path=directory, case=case_from_bundle(data["case"], tensors),
                         options=RunOptions.from_dict(data["run"]), findings=findings, environment=env,
                         outputs=outputs, data=data)
@@ -325,27 +335,7 @@ def load_bundle(directory: str) -> Bundle:
         raise
     except Exception as exc:   # a damaged file: say which bundle, not a traceback
         raise ValueError(f"{directory!r} is not a readable parity bundle: {type(exc).__name__}: {exc}") from exc
-    _check_kernel_spec(bundle.options.kernel)
     return bundle
-
-
-REPLAYABLE_MODULES = ("kpool", "parity", "cases", "reference", "tests")
-"""Top-level packages of this checkout whose functions a bundle may name as its kernel."""
-
-
-def _check_kernel_spec(spec: str) -> None:
-    """A bundle must not choose arbitrary code to run: its kernel is ``kpool``, ``mutant:NAME``
-    or a function of this checkout's packages (:data:`REPLAYABLE_MODULES`).
-
-    Raises:
-        ValueError: any other spec.
-    """
-    if spec == "kpool" or spec.startswith("mutant:"):
-        return
-    if spec.split(":", 1)[0].split(".", 1)[0] not in REPLAYABLE_MODULES:
-        raise ValueError(f"the bundle names kernel {spec!r}; replay runs only kpool, mutant:NAME or a function "
-                         f"of {', '.join(REPLAYABLE_MODULES)} (rerun other kernels with python -m parity run "
-                         f"--kernel)")
 
 
 def finding_key(df: pd.DataFrame, *, with_programs: bool) -> pd.DataFrame:
@@ -364,21 +354,3 @@ def diff_findings(recorded: pd.DataFrame, replayed: pd.DataFrame, *, with_progra
     diff = merged[merged["_merge"] != "both"].copy()
     diff["side"] = diff["_merge"].map({"left_only": "recorded", "right_only": "replayed"})
     return diff.drop(columns="_merge").reset_index(drop=True)
-
-
-def replay(directory: str, *, device: Optional[str] = None, console=None):
-    """Rerun a bundle's case with its recorded options on ``device`` (default: the resolved one).
-
-    Returns:
-        ``(bundle, result, diff)``: the loaded :class:`Bundle`, the new
-        :class:`parity.runner.CaseResult`, and :func:`diff_findings` of the recorded vs the new
-        findings (program ids compared only on the recording backend).
-    """
-    from kpool.platform import resolve_device
-    from .session import run_cases
-    dev = resolve_device(device)
-    b = load_bundle(directory)
-    opts = dataclasses.replace(b.options, device=dev)
-    (result,) = run_cases([b.case], opts, console=console)
-    diff = diff_findings(b.findings, result.findings, with_programs=dev == b.options.device)
-    return b, result, diff

@@ -1,49 +1,70 @@
-"""Command line of the parity harness: ``python -m parity run ...`` (parity-contract.md).
+"""Command line of the parity harness: ``python -m parity COMMAND`` (parity-contract.md).
 
-``run`` resolves the device first (``kpool.platform.resolve_device``: for ``cpu`` it sets
-``TRITON_INTERPRET=1``, which must happen before any ``kpool.ops`` kernel is imported), builds the
-seed scenarios (``cases.scenarios.seed_cases``), runs every case with
-:func:`parity.runner.run_case`, prints the results table and a summary line, and optionally writes
-CSV/JSON/markdown (``--report DIR``) and JUnit XML (``--junit FILE``), and writes a repro bundle of
-every failing case (:mod:`parity.commands`, :mod:`parity.bundle`). ``record`` takes the same options
-and writes a bundle for every case; ``replay BUNDLE`` reruns one in a fresh process on any device.
+* ``run``: resolve the device first (``kpool.platform.resolve_device``: for ``cpu`` it sets
+  ``TRITON_INTERPRET=1``, which must happen before any ``kpool.ops`` kernel is imported), then run
+  the selected suites (:mod:`cases.suites`; default ``all`` = corpus, seed, public, generated at
+  both sizes, exactly what ``make parity`` runs), print a summary and the non-``exact`` rows,
+  write reports (``--report DIR``, JUnit ``--junit FILE``) and a repro bundle of every failing
+  case (:mod:`parity.commands`);
+* ``record``: the same, with a bundle of every corpus and seed case;
+* ``replay BUNDLE``: rerun a bundle in a fresh process on any device (:mod:`parity.replay`);
+* ``corpus add PATH``: promote a run's shrunk failure (``REPORT/corpus-candidates/NAME.json``)
+  into ``cases/corpus`` (a run never writes there itself);
+* ``list cases|mutants|relations``: what ``--case``, ``--kernel mutant:NAME`` and
+  ``--metamorphic`` can select.
+
+Building the parser imports no torch, so ``--help`` answers at once.
 
 Exit status: 0 all checks pass, 1 at least one failure finding, 2 usage error (bad option,
-unknown case, unavailable device); ``replay``: 0 the recorded findings were reproduced, 1 not.
+unknown case, unavailable device); ``replay``: see :mod:`parity.replay`.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
-import time
 from typing import List, Optional, Sequence
 
 SIZES = ("small", "glm5.3-flash")
-SUITES = ("seed", "all", "corpus", "public", "generated")
-"""``seed`` (default) runs here; the others are :mod:`cases.suites` (``all`` = corpus, seed, public
-cases with their stated values, a generated budget with coverage; what ``make parity`` runs)."""
+SUITES = ("all", "corpus", "seed", "public", "generated")
+"""``all`` (default) = corpus, seed, public cases with their stated values, a generated budget
+with coverage, in that order (:mod:`cases.suites`): what ``make parity`` runs."""
+DEFAULT_SUITE = "all"
+DEFAULT_SIZE = "all"
+"""The CLI's defaults, equal to the Makefile's ``SUITE ?= all`` / ``SIZE ?= all`` (a test checks)."""
+LIST_TOPICS = ("cases", "mutants", "relations")
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser: ``run``, ``record`` (same options; a repro bundle for every case) and
-    ``replay BUNDLE`` (:mod:`parity.commands`)."""
-    from . import commands
+    """The argparse parser of every command (module docstring); imports no torch."""
+    from .replay import add_replay_parser
     parser = argparse.ArgumentParser(prog="python -m parity",
                                      description="Bit-exact parity of the KPool Triton kernels vs the PyTorch reference.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run parity cases and report every check",
-                         description="Run the parity cases; exit 1 on any failure finding (a repro bundle "
-                                     "is written for every failing case).")
+    run = sub.add_parser("run", help="run parity suites and report every check",
+                         description="Run the parity suites (default: all of them at both sizes, as make parity "
+                                     "does); exit 1 on any failure finding (a repro bundle is written for every "
+                                     "failing case). Writes only under --report DIR (default ./parity-out).")
     _add_run_arguments(run)
     record = sub.add_parser("record", help="run cases and write a repro bundle for each, pass or fail",
                             description="Like run, but writes a repro bundle for every corpus and seed case. "
                                         "Public cases are not bundled (their stated-value checks live "
                                         "in cases/public.py: rerun one with --suite public --case Cxx); "
-                                        "a failing generated case is kept in cases/corpus.")
+                                        "a failing generated case is kept in REPORT/corpus-candidates.")
     _add_run_arguments(record)
-    commands.add_replay_parser(sub)
+    add_replay_parser(sub)
+    corpus = sub.add_parser("corpus", help="promote a run's shrunk failure into cases/corpus",
+                            description="The corpus of shrunk failures (cases/corpus) changes only here: a run "
+                                        "keeps its new shrunk failures in REPORT/corpus-candidates.")
+    csub = corpus.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")
+    add = csub.add_parser("add", help="copy candidate entries (NAME.json + NAME.pt) into the corpus")
+    add.add_argument("paths", nargs="+", metavar="PATH", help="a candidate's .json (or a directory of them)")
+    add.add_argument("--name", default=None, help="entry name (one PATH only; default: the candidate's)")
+    add.add_argument("--dir", default=None, help="corpus directory (default: $KPOOL_CORPUS_DIR or cases/corpus)")
+    add.add_argument("--force", action="store_true", help="replace an entry of the same name")
+    lst = sub.add_parser("list", help="what --case, --kernel mutant:NAME and --metamorphic can select")
+    lst.add_argument("topic", choices=LIST_TOPICS)
     return parser
 
 
@@ -52,21 +73,26 @@ def _add_run_arguments(run) -> None:
     from . import commands
     run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
                      help="kernel device; cpu = Triton interpreter (default: auto, npu > cuda > cpu)")
-    run.add_argument("--suite", default="seed", choices=SUITES,
-                     help="case suite: seed (default), corpus, public, generated, or all of them in that "
-                          "order with the corpus first (cases.suites)")
+    run.add_argument("--suite", default=None, choices=SUITES,
+                     help="case suite: all (default: corpus, seed, public, generated, in that order), or one of "
+                          "them (cases.suites); with --case, the suite that has those cases")
     run.add_argument("--profile", default=None, choices=("ci", "dev", "device", "nightly"),
-                     help="hypothesis profile of --suite generated/all (default: $HYPOTHESIS_PROFILE, else ci on "
+                     help="hypothesis profile of the generated suite (default: $HYPOTHESIS_PROFILE, else ci on "
                           "cpu, device otherwise; cases.profiles)")
-    run.add_argument("--size", default="small", choices=SIZES + ("all",), help="case sizes (default: small)")
+    run.add_argument("--size", default=DEFAULT_SIZE, choices=SIZES + ("all",),
+                     help="seed case sizes (default: all)")
     run.add_argument("--seed", type=int, default=0, help="offset added to every case and step seed (default: 0)")
     run.add_argument("--case", nargs="+", default=None, metavar="NAME",
-                     help="only these cases (by name or name[size])")
-    run.add_argument("--report", metavar="DIR", help="write results.csv, results.json, summary.md, timings.csv here")
+                     help="only these cases (by name or name[size]; needs one --suite; python -m parity list cases)")
+    run.add_argument("--report", metavar="DIR",
+                     help="write results.csv, results.json, summary.md, timings.csv, bundles/ and "
+                          f"corpus-candidates/ here (default for bundles and candidates: ./{commands.DEFAULT_OUT})")
     run.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
     run.add_argument("--no-oracle", action="store_true", help="skip the reference-vs-oracle check")
     run.add_argument("--mode", default="lockstep", choices=("lockstep", "resync"),
                      help="lockstep (default) or resync (reference gets the kernel's caches before each step)")
+    run.add_argument("--all-rows", action="store_true",
+                     help="print every checked row (default: a summary and the non-exact rows; files keep all rows)")
     run.add_argument("--failures-only", action="store_true", help="print only failing rows (files keep all rows)")
     run.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                      help="worker processes, one device each (round robin; parity.parallel); default 1")
@@ -108,8 +134,6 @@ def select_cases(cases: Sequence, names: Optional[Sequence[str]]) -> List:
 
 
 def _run(args) -> int:
-    from rich.markup import escape
-
     from .report import make_console
     console = make_console()
     # 1. Device first: nothing may import kpool.ops before this.
@@ -118,28 +142,68 @@ def _run(args) -> int:
     try:
         device = resolve_device(None if args.device == "auto" else args.device)
     except KPoolUnsupportedError as exc:
-        print(f"python -m parity run: error: {exc}", file=sys.stderr)
+        print(f"python -m parity {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    # 2. Cases. Suites other than seed (corpus, public, generated, all) live in cases.suites.
-    if args.suite != "seed":
-        from cases.suites import run_suite
-        return run_suite(args, device, console, prog=f"python -m parity {args.command}")
-    try:
-        from cases.scenarios import seed_cases
-    except ImportError as exc:
-        print(f"python -m parity run: error: cannot load the seed scenarios ({exc})", file=sys.stderr)
+    # 2. The suites (cases.suites picks each suite's cases; parity.commands runs them).
+    from cases.suites import run_suite, suite_of_cases
+    if args.suite is None:
+        args.suite = suite_of_cases(args.case, args.size) if args.case else DEFAULT_SUITE
+    return run_suite(args, device, console, prog=f"python -m parity {args.command}")
+
+
+def _corpus(args) -> int:
+    from pathlib import Path
+
+    from cases.corpus import entries, promote
+    paths = []
+    for p in map(Path, args.paths):
+        paths += entries(p) if p.is_dir() else [p]
+    if not paths:
+        print(f"python -m parity corpus add: error: no corpus entries in {args.paths}", file=sys.stderr)
         return EXIT_USAGE
-    sizes = list(SIZES) if args.size == "all" else [args.size]
-    try:
-        cases = select_cases(seed_cases(sizes), args.case)
-    except KeyError as exc:
-        print(f"python -m parity run: error: {exc.args[0]}", file=sys.stderr)
+    if args.name and len(paths) > 1:
+        print("python -m parity corpus add: error: --name needs exactly one entry", file=sys.stderr)
         return EXIT_USAGE
-    cases = [offset_seeds(c, args.seed) for c in cases]
-    # 3. Run, report, bundles (parity.commands; parity.parallel for --jobs > 1).
-    from . import commands
-    return commands.execute(cases, args, device, console, record=args.command == "record",
-                            prog=f"python -m parity {args.command}")
+    for p in paths:
+        try:
+            target = promote(p, args.dir, name=args.name, force=args.force)
+        except (FileNotFoundError, FileExistsError, ValueError) as exc:
+            print(f"python -m parity corpus add: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"added {target} (and {target.with_suffix('.pt').name}); make test and make parity replay it first")
+    return EXIT_OK
+
+
+def _list(args) -> int:
+    if args.topic == "mutants":
+        from .mutants import MUTANTS, PLANTED_FAULTS
+        generated = {m: f for f, m in PLANTED_FAULTS.items()}
+        for name, (rel, _, _, verdict) in MUTANTS.items():
+            extra = f"; found by the generators: {generated[name]}" if name in generated else ""
+            print(f"mutant:{name:<32} kpool/{rel:<16} expected verdict {verdict}{extra}")
+        return EXIT_OK
+    if args.topic == "relations":
+        from .metamorphic import RELATIONS
+        from .session import DEVICE_DECODE_RELATIONS
+        on_device = set(DEVICE_DECODE_RELATIONS["cuda"])
+        for name, fn in RELATIONS.items():
+            doc = (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+            default = " [default on cuda/npu: seed decode steps]" if name in on_device else ""
+            print(f"{name:<18} {' '.join(doc.split())}{default}")
+        return EXIT_OK
+    from cases.corpus import default_directory, entries
+    from cases.public import PUBLIC_CASES
+    from cases.scenarios import SCENARIOS, SIZES as CASE_SIZES
+    print(f"seed (--suite seed; sizes {', '.join(CASE_SIZES)}):")
+    for name, fn in SCENARIOS.items():
+        print(f"  {name:<22} {' '.join((fn.__doc__ or '').split())[:110]}")
+    print("public (--suite public):")
+    for cid, pc in PUBLIC_CASES.items():
+        print(f"  {cid:<22} {pc.title}")
+    print(f"corpus (--suite corpus; {default_directory()}):")
+    for p in entries(default_directory()):
+        print(f"  {p.stem}")
+    return EXIT_OK
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -152,7 +216,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command in ("run", "record"):
         return _run(args)
     if args.command == "replay":
-        from .commands import replay_main
+        from .replay import replay_main
         return replay_main(args)
+    if args.command == "corpus":
+        return _corpus(args)
+    if args.command == "list":
+        return _list(args)
     parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
     return EXIT_USAGE

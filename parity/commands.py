@@ -1,23 +1,29 @@
-"""The ``run`` / ``record`` / ``replay`` commands behind :mod:`parity.cli` (parity-contract.md §1, §6).
+"""The ``run`` / ``record`` commands behind :mod:`parity.cli` (parity-contract.md §1, §6), and
+where a run writes.
 
-:mod:`parity.cli` parses arguments and selects cases; this module runs them
-(:func:`parity.session.run_cases`: progress bar, determinism repeats, metamorphic relations),
-prints the results, writes the reports (``--report``, ``--junit``) and the repro bundles
-(:mod:`parity.bundle`), and replays bundles.
+:mod:`parity.cli` parses arguments; :mod:`cases.suites` picks the cases of each suite; this module
+runs a case list (:func:`parity.session.run_cases`: progress bar, determinism repeats, metamorphic
+relations), prints the results, writes the reports (``--report``, ``--junit``) and the repro
+bundles (:mod:`parity.bundle`). ``replay`` is :mod:`parity.replay`.
+
+A run never edits the checkout. Everything it writes goes under one output root
+(:func:`output_root`: ``--report DIR``, else ``./parity-out``, which ``.gitignore`` lists):
+bundles in ``ROOT/bundles`` (unless ``--bundle-dir``), shrunk generated failures in
+``ROOT/corpus-candidates`` (``python -m parity corpus add PATH`` promotes one into
+``cases/corpus``).
 
 Exit status of ``run`` and ``record``: 0 every check passes, 1 at least one failure, 2 usage error.
-``replay``: 0 the replay reproduced the recorded findings, 1 it did not, 2 usage error.
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-DEFAULT_BUNDLE_DIR = "bundles"
-"""Bundles go here unless ``--bundle-dir`` (or ``--report DIR``: ``DIR/bundles``) says otherwise."""
+DEFAULT_OUT = "parity-out"
+"""Output root of a run without ``--report`` (relative to the working directory; gitignored)."""
 DEFAULT_REPEAT = {"cuda": 2, "npu": 2, "cpu": 1}
 """Kernel forwards per step when ``--repeat`` is not given (determinism check; 1 turns it off).
 The CPU interpreter runs every program serially in numpy, so a second run there can only repeat
@@ -25,48 +31,93 @@ the first: it would double the interpreter time of ``make parity`` for nothing."
 
 
 def add_run_options(parser) -> None:
-    """The options ``run`` and ``record`` add to the case-selection options of :mod:`parity.cli`."""
-    from .metamorphic import RELATIONS
+    """The options ``run`` and ``record`` add to the case-selection options of :mod:`parity.cli`
+    (no torch import: ``--help`` must answer at once)."""
+    from .session import RELATION_NAMES
     parser.add_argument("--repeat", type=int, default=None, metavar="N",
                         help="run the kernel N times per step from identical caches; every run must be "
                              "bitwise identical (default: 2 on cuda/npu, 1 on the cpu interpreter; "
                              "1 = no determinism check)")
     parser.add_argument("--kernel", default="kpool", metavar="SPEC",
                         help="implementation under test: kpool (default), mutant:NAME (a planted fault of "
-                             "parity.mutants), or package.module:function")
+                             "parity.mutants; python -m parity list mutants), or package.module:function")
     parser.add_argument("--metamorphic", nargs="*", default=None, metavar="RELATION",
-                        help="also check metamorphic relations, bitwise (no name = all: "
-                             f"{', '.join(RELATIONS)})")
+                        help="also check metamorphic relations on every step, bitwise (no name = all: "
+                             f"{', '.join(RELATION_NAMES)})")
+    parser.add_argument("--decode-relations", nargs="*", default=None, metavar="RELATION",
+                        help="relations checked on the decode steps of the seed cases (default: captured-replay "
+                             "on cuda/npu, none on the cpu interpreter; no name = none)")
     parser.add_argument("--bundle-dir", metavar="DIR", default=None,
-                        help=f"write repro bundles of failing cases here (default: REPORT/bundles with "
-                             f"--report, else ./{DEFAULT_BUNDLE_DIR})")
+                        help=f"write repro bundles of failing cases here (default: REPORT/bundles, else "
+                             f"./{DEFAULT_OUT}/bundles)")
     parser.add_argument("--no-bundles", action="store_true", help="do not write repro bundles")
 
 
-def add_replay_parser(sub) -> None:
-    """The ``replay`` sub-command."""
-    p = sub.add_parser("replay", help="rerun a repro bundle and compare its findings",
-                       description="Rerun a repro bundle (fresh process, any device) with its recorded options "
-                                   "and compare the findings with the recorded ones. Exit 0 when reproduced.")
-    p.add_argument("bundle", metavar="BUNDLE", help="bundle directory (written by run / record)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
-                   help="kernel device (default: auto, npu > cuda > cpu)")
-    p.add_argument("--report", metavar="DIR", help="write the replay's results.csv, results.json, summary.md here")
-    p.add_argument("--junit", metavar="FILE", help="write the replay's JUnit XML here")
-    p.add_argument("--failures-only", action="store_true", help="print only failing rows")
+def output_root(args) -> str:
+    """Where a run writes: ``--report DIR``, else :data:`DEFAULT_OUT`."""
+    return getattr(args, "report", None) or DEFAULT_OUT
 
 
-def _bundle_dir(args) -> Optional[str]:
-    if getattr(args, "no_bundles", False):
+def bundle_dir(args, *, record: bool = False) -> Optional[str]:
+    """The bundle directory of a run (``None``: ``--no-bundles``; ``record`` always writes)."""
+    if getattr(args, "no_bundles", False) and not record:
         return None
-    if args.bundle_dir:
-        return args.bundle_dir
-    if args.report:
-        return os.path.join(args.report, "bundles")
-    return DEFAULT_BUNDLE_DIR
+    return getattr(args, "bundle_dir", None) or os.path.join(output_root(args), "bundles")
 
 
-def execute(cases: List, args, device: str, console, *, record: bool = False, prog: str = "python -m parity run") -> int:
+def candidates_dir(args) -> str:
+    """Where a run keeps its shrunk generated failures: ``ROOT/corpus-candidates``."""
+    return os.path.join(output_root(args), "corpus-candidates")
+
+
+def run_options(args, device: str, prog: str):
+    """The :class:`parity.session.RunOptions` of parsed ``run`` arguments on ``device``, or an
+    error message (str) for a usage error."""
+    from .session import DEVICE_DECODE_RELATIONS, RELATION_NAMES, RunOptions, resolve_kernel
+    repeat = DEFAULT_REPEAT.get(str(device), 2) if args.repeat is None else args.repeat
+    if repeat < 1:
+        return f"{prog}: error: --repeat must be >= 1"
+    relations = None if args.metamorphic is None else (list(args.metamorphic) or list(RELATION_NAMES))
+    decode = list(DEVICE_DECODE_RELATIONS.get(str(device), ())) if getattr(args, "decode_relations", None) is None \
+        else list(args.decode_relations)
+    unknown = [r for r in (relations or []) + decode if r not in RELATION_NAMES]
+    if unknown:
+        return f"{prog}: error: unknown metamorphic relation(s) {unknown}; known: {list(RELATION_NAMES)}"
+    try:
+        resolve_kernel(args.kernel)      # fail early on a bad spec (run_cases resolves it again, cached)
+    except Exception as exc:
+        return f"{prog}: error: cannot load kernel {args.kernel!r}: {type(exc).__name__}: {exc}"
+    return RunOptions(device=device, mode=args.mode, repeat=repeat, check_oracle=not args.no_oracle,
+                      kernel=args.kernel, metamorphic=relations or [], seed_offset=args.seed,
+                      decode_relations=decode)
+
+
+def relations_text(options) -> str:
+    """The header's statement of the relations a run checks."""
+    parts = []
+    if options.metamorphic:
+        parts.append(f"metamorphic={','.join(options.metamorphic)} (every step)")
+    if options.decode_relations:
+        parts.append(f"{','.join(options.decode_relations)} on the seed cases' decode steps"
+                     + (" (device default)" if options.device in ("cuda", "npu") else ""))
+    elif options.device == "cpu":
+        parts.append("captured-replay off (cpu interpreter: nothing is captured)")
+    return "; ".join(parts) or "no metamorphic relations"
+
+
+def write_failure_bundle(result, case, options, out_dir: str, console, env=None) -> str:
+    """Write ``case``'s repro bundle under ``out_dir`` and print its replay command; returns the path."""
+    from rich.markup import escape
+
+    from . import bundle
+    path = bundle.write_bundle(result, case, os.path.join(out_dir, bundle.bundle_name(case)), options=options,
+                               env=env)
+    console.print(f"    repro: [bold]{escape(bundle.replay_command(path))}[/]")
+    return path
+
+
+def execute(cases: List, args, device: str, console, *, record: bool = False, prog: str = "python -m parity run",
+            parts: Optional[Dict[str, str]] = None, counts: Optional[dict] = None) -> int:
     """Run ``cases`` as ``run`` (``record=False``: bundles of failing cases) or ``record``
     (``record=True``: a bundle of every case), print and write the reports.
 
@@ -75,6 +126,8 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
         args: parsed arguments (:mod:`parity.cli` ``run`` / ``record`` options).
         device: the resolved backend.
         console: a rich console.
+        parts: ``{case_id: suite}`` (``corpus`` / ``seed``) for per-suite counts in ``counts``.
+        counts: filled with ``{suite: parity.report.summarize(...)}`` when given.
     Returns:
         The exit status.
     """
@@ -82,35 +135,18 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
     from rich.markup import escape
 
     from . import bundle, report
-    from .metamorphic import RELATIONS
-    from .session import RunOptions, resolve_kernel, run_cases
+    from .session import run_cases
 
-    if args.repeat is None:
-        args.repeat = DEFAULT_REPEAT.get(str(device), 2)
-    if args.repeat < 1:
-        print(f"{prog}: error: --repeat must be >= 1", file=sys.stderr)
+    options = run_options(args, device, prog)
+    if isinstance(options, str):
+        print(options, file=sys.stderr)
         return EXIT_USAGE
-    relations = None if args.metamorphic is None else (list(args.metamorphic) or list(RELATIONS))
-    unknown = [r for r in relations or [] if r not in RELATIONS]
-    if unknown:
-        print(f"{prog}: error: unknown metamorphic relation(s) {unknown}; known: {list(RELATIONS)}", file=sys.stderr)
-        return EXIT_USAGE
-    options = RunOptions(device=device, mode=args.mode, repeat=args.repeat, check_oracle=not args.no_oracle,
-                         kernel=args.kernel, metamorphic=relations or [], seed_offset=args.seed)
-    try:
-        resolve_kernel(args.kernel)      # fail early on a bad spec (run_cases resolves it again, cached)
-    except Exception as exc:
-        print(f"{prog}: error: cannot load kernel {args.kernel!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if record:   # record always writes (--no-bundles does not apply)
-        out_dir = args.bundle_dir or (os.path.join(args.report, "bundles") if args.report else DEFAULT_BUNDLE_DIR)
-    else:
-        out_dir = _bundle_dir(args)
+    out_dir = bundle_dir(args, record=record)
     env = bundle.environment(device)
     console.print(f"device={device} ({escape(str(env.get('device_name')))}) suite={args.suite} size={args.size} "
-                  f"seed={args.seed} mode={args.mode} repeat={args.repeat} kernel={escape(args.kernel)} "
-                  f"oracle={'off' if args.no_oracle else 'on'} jobs={getattr(args, 'jobs', 1)}"
-                  f"{' metamorphic=' + ','.join(relations) if relations else ''}: {len(cases)} cases")
+                  f"seed={args.seed} mode={args.mode} repeat={options.repeat} kernel={escape(args.kernel)} "
+                  f"oracle={'off' if args.no_oracle else 'on'} jobs={getattr(args, 'jobs', 1)}; "
+                  f"{escape(relations_text(options))}: {len(cases)} cases")
     bundles = {}
 
     def on_case(case, res):
@@ -120,18 +156,20 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
         worker = escape(f" [worker {res.worker}, {res.worker_device}]") if hasattr(res, "worker") else ""
         console.print(f"  {escape(res.case_id)}: {res.steps_run} steps, {res.wall_s:.2f} s, {status}{where}{worker}")
         if out_dir and (record or not res.ok):
-            path = bundle.write_bundle(res, case, os.path.join(out_dir, bundle.bundle_name(case)),
-                                       options=options, env=env)
-            bundles[res.case_id] = path
-            console.print(f"    repro: [bold]{escape(bundle.replay_command(path))}[/]")
+            bundles[res.case_id] = write_failure_bundle(res, case, options, out_dir, console, env=env)
 
     t0 = time.perf_counter()
-    results = run_cases(cases, options, console=console, on_case=on_case,
-                        jobs=getattr(args, "jobs", 1))
+    results = run_cases(cases, options, console=console, on_case=on_case, jobs=getattr(args, "jobs", 1))
     wall = time.perf_counter() - t0
     df = report.results_table(results)
-    summary = report.print_results(df, wall_s=wall, console=console, failures_only=args.failures_only)
+    summary = report.print_results(df, wall_s=wall, console=console, failures_only=args.failures_only,
+                                   all_rows=getattr(args, "all_rows", False))
     _print_certified(df, console)
+    if counts is not None:
+        ids = df["case"].astype(str) + "[" + df["size"].astype(str) + "]" if len(df) else df.get("case")
+        for part in sorted(set((parts or {}).values())) or ["cases"]:
+            sub = df[ids.map(lambda c: (parts or {}).get(c, "cases") == part)] if len(df) else df
+            counts[part] = report.summarize(sub)
     timings = pd.concat([r.timings for r in results], ignore_index=True) if results else None
     if args.report:
         paths = report.write_report(df, args.report, wall_s=wall, timings=timings, environment=env,
@@ -152,38 +190,3 @@ def _print_certified(df, console) -> None:
         style = "yellow" if r["elements"] else "dim"
         console.print(f"[{style}]certified[/] {r['output']}: {r['elements']} {r['certificate']} elements "
                       f"in {r['steps']} steps (max {r['max_per_step']} in one step)")
-
-
-def replay_main(args, console=None) -> int:
-    """``python -m parity replay BUNDLE``: rerun, print, compare with the recorded findings."""
-    from rich.markup import escape
-
-    from kpool.errors import KPoolUnsupportedError
-
-    from . import bundle, report
-    from .report import make_console
-    console = console or make_console()
-    prog = "python -m parity replay"
-    try:
-        b, result, diff = bundle.replay(args.bundle, device=None if args.device == "auto" else args.device,
-                                        console=console)
-    except (FileNotFoundError, ValueError, KPoolUnsupportedError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    console.print(f"replayed {escape(b.case.case_id)} from {escape(args.bundle)} "
-                  f"(recorded on {escape(str(b.environment.get('device_name')))}, "
-                  f"git {escape(str((b.environment.get('git') or {}).get('revision')))})")
-    df = report.results_table([result])
-    report.print_results(df, wall_s=result.wall_s, console=console, failures_only=args.failures_only)
-    if args.report:
-        report.write_report(df, args.report, wall_s=result.wall_s, run=b.options.to_dict())
-    if args.junit:
-        report.write_junit(df, args.junit)
-    if len(diff):
-        console.print(f"[red]checks differ from the bundle ({len(diff)} rows):[/]")
-        console.print(escape(diff.to_string(index=False)))
-        return EXIT_FAIL
-    summary = report.summarize(df)
-    console.print(f"[green]reproduced: {len(result.findings)} checks identical to the bundle's "
-                  f"({summary['findings']} findings, {summary['failures']} failures)[/]")
-    return EXIT_OK

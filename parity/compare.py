@@ -381,5 +381,9 @@ def compare_errors(kernel_exc: Optional[BaseException], reference_exc: Optional[
 
 
 def crash_finding(side: str, exc: BaseException, output: Optional[str] = None) -> dict:
-    """A ``crash`` finding for an unexpected exception on ``side`` (output ``forward[<side>]``)."""
-    return finding(output or f"forward[{side}]", "crash", 1, detail=f"{type(exc).__name__}: {exc}"[:300])
+    """A ``crash`` finding for an unexpected exception on ``side`` (output ``forward[<side>]``):
+    ``detail`` is ``"<Type>: <message>"`` then the full traceback, with the file and line that
+    raised (printed by :func:`parity.report.print_results`, kept in reports and bundles)."""
+    import traceback
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    return finding(output or f"forward[{side}]", "crash", 1, detail=f"{type(exc).__name__}: {exc}\n{trace}")

@@ -25,7 +25,6 @@ returns no finding.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -156,8 +155,10 @@ def _compare(name: str, state: StepState, base: _Run, variant: _Run, *, variant_
 
 
 def _plain(state: StepState) -> bool:
-    """Steps a relation can transform: valid input, metadata from the batch description alone."""
-    return state.step.expect_error is None and state.step.patch_metadata is None
+    """Steps a relation can transform: valid input, metadata from the batch description alone
+    (a replayed bundle's recorded builder metadata counts, :class:`parity.bundle._SavedMetadata`)."""
+    patch = state.step.patch_metadata
+    return state.step.expect_error is None and (patch is None or getattr(patch, "from_builder", False))
 
 
 # --------------------------------------------------------------------------- relations
@@ -243,7 +244,7 @@ def output_width(state: StepState, *, device, kernel_forward: Callable, extra_co
     variant = _run(kernel_forward, state, device, out_buf=buf.view)
     expect = torch.full((T + 2, cfg.output_width + extra_cols), -1, dtype=torch.int32)
     if base.out is not None:   # the base run's rows where they belong, -1 alignment columns
-        expect[:T, :cfg.output_width] = base.out.detach().cpu().reshape(T, -1)
+        expect[:T, :cfg.output_width] = base.out.detach().cpu().flatten(1)
     found = _compare("output-width", state, base, variant, kernel_buffer=buf.view.detach().cpu(),
                      reference_buffer=expect, what=f"buffer width W+{extra_cols}")
     chk = buf.check(before, T)
@@ -254,22 +255,15 @@ def output_width(state: StepState, *, device, kernel_forward: Callable, extra_co
     return [r for r in found if r["verdict"] != "exact"] + bad or found
 
 
-def _accepts(fn: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def score_chunking(state: StepState, *, device, kernel_forward: Callable,
                    chunk_rows: Optional[Sequence[int]] = None) -> List[dict]:
     """The indexer score scratch split into chunks of ``chunk_rows`` token rows
     (``max_score_rows``): identical rows and caches. Default chunks: 1 row (up to 16 live rows,
     else 5) and half the live rows."""
+    from .runner import accepts_keyword
     t_live = state.meta.num_live_tokens
     if not _plain(state) or not state.step.compute_topk or t_live < 2 \
-            or not _accepts(kernel_forward, "max_score_rows"):
+            or not accepts_keyword(kernel_forward, "max_score_rows"):
         return []
     if chunk_rows is None:
         chunk_rows = sorted({1 if t_live <= 16 else 5, max(1, t_live // 2)})

@@ -81,6 +81,16 @@ MUTANTS = {
          "int(k.shape[0]), num_requests, triton.cdiv(triton.cdiv(int(k.shape[0]), block_t), grid), D, C, "
          "num_tail_blocks * C,"),
         "stray-write"),
+    # Chunked scoring (§4.6): when the score scratch holds fewer rows than the step has live rows,
+    # every chunk's selected pool ids and scores are written at rows [:n] of the top-k buffers
+    # instead of [row_start:row_start + n]: later chunks overwrite the first chunk's rows and the
+    # rows of every chunk after the first keep uninitialized memory (wrong-index). Invisible to
+    # any step scored in one chunk: prefill-topk's chunk-2 (max_score_rows) catches it.
+    "chunk-offset": (
+        "indexer.py",
+        ("pool_ids[row_start:row_start + n] = ids", "pool_scores[row_start:row_start + n] = top"),
+        ("pool_ids[:n] = ids", "pool_scores[:n] = top"),
+        "wrong-index"),
 }
 """``name -> (file relative to kpool/, exact old substring, new substring, expected verdict)``;
 ``old`` / ``new`` may be equal-length tuples for a fault that needs several edits of one file."""

@@ -87,31 +87,79 @@ def make_console():
     return console if console.is_terminal else Console(width=200)
 
 
+def values_text(detail) -> str:
+    """A finding's ``detail`` with ``kernel=A reference=B`` spelled as ``expected B, got A`` (the
+    reference side of a comparison is what was expected; for ``reference-vs-oracle`` rows the
+    oracle is, for metamorphic rows the unchanged run is)."""
+    import re
+    text = "" if detail is None or (not isinstance(detail, str) and pd.isna(detail)) else str(detail)
+    return re.sub(r"kernel=(\S+) reference=(\S+?)(;|$)", r"expected \2, got \1\3", text.splitlines()[0] if text else "")
+
+
+def crash_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The ``crash`` rows of a results table (their ``detail`` holds the full traceback)."""
+    return df[df["verdict"] == "crash"] if len(df) else df
+
+
+def _where(r) -> str:
+    step = "" if pd.isna(r["step"]) else f" step {r['step']}:{r['step_name']}"
+    return f"{r['case']}[{r['size']}]{step} {r['output']}"
+
+
 def print_results(df: pd.DataFrame, *, wall_s: Optional[float] = None, console=None,
-                  failures_only: bool = False) -> dict:
-    """Print the results table (green ``exact``, red failures, yellow other passes) and the
-    summary line with ``rich``. Returns :func:`summarize`'s dict."""
+                  failures_only: bool = False, all_rows: bool = False, first: int = 10,
+                  title: str = "KPool parity") -> dict:
+    """Print the results with ``rich``: a table of the non-``exact`` rows (every row with
+    ``all_rows``, failures only with ``failures_only``; green ``exact``, red failures, yellow
+    certified passes), the first ``first`` failures with their expected and actual values, the
+    full traceback of every ``crash``, and the summary line. Files keep every row
+    (:func:`write_report`). Returns :func:`summarize`'s dict."""
     from rich.markup import escape
     from rich.table import Table
 
     console = console or make_console()
     df = results_table(df) if "first_mismatch" not in df.columns else df
-    table = Table(title="KPool parity", show_lines=False)
-    for col in REPORT_COLUMNS:
-        table.add_column(col, justify="right" if col in ("step", "mismatches") else "left", overflow="fold")
-    for r in df.to_dict("records"):
-        fail = is_failure(r["verdict"])
-        if failures_only and not fail:
-            continue
-        style = "red" if fail else ("green" if r["verdict"] == "exact" else "yellow")
-        step = f"{r['step']}:{r['step_name']}" if not pd.isna(r["step"]) else ""
-        table.add_row(escape(str(r["case"])), escape(str(r["size"])), escape(step), escape(str(r["output"])),
-                      f"[{style}]{r['verdict']}[/{style}]", str(r["mismatches"]),
-                      escape(str(r["first_mismatch"])))
-    console.print(table)
+    shown = df
+    if len(df) and not all_rows:
+        shown = df[df["verdict"].map(is_failure)] if failures_only else df[df["verdict"] != "exact"]
+    if len(shown):
+        table = Table(title=title, show_lines=False)
+        for col in REPORT_COLUMNS:
+            table.add_column(col, justify="right" if col in ("step", "mismatches") else "left", overflow="fold")
+        for r in shown.to_dict("records"):
+            fail = is_failure(r["verdict"])
+            style = "red" if fail else ("green" if r["verdict"] == "exact" else "yellow")
+            step = f"{r['step']}:{r['step_name']}" if not pd.isna(r["step"]) else ""
+            table.add_row(escape(str(r["case"])), escape(str(r["size"])), escape(step), escape(str(r["output"])),
+                          f"[{style}]{r['verdict']}[/{style}]", str(r["mismatches"]),
+                          escape(str(r["first_mismatch"])))
+        console.print(table)
+    elif len(df):
+        console.print(f"{title}: every one of the {len(df)} checks is exact (--all-rows lists them)")
+    fails = df[df["verdict"].map(is_failure)] if len(df) else df
+    firsts = fails[fails["verdict"] != "crash"].head(first)
+    if len(firsts):
+        console.print(f"[bold]first {len(firsts)} of {len(fails)} failures, expected vs actual:[/]")
+        for r in firsts.to_dict("records"):
+            where = f" at {r['first_mismatch']}" if r["first_mismatch"] else ""
+            console.print(escape(f"  {_where(r)}: {r['verdict']} x{r['mismatches']}{where}: {values_text(r['detail'])}"))
+    for r in crash_rows(df).to_dict("records"):
+        console.print(f"[red bold]crash[/] {escape(_where(r))}:")
+        console.print(escape(str(r["detail"])), highlight=False)
     summary = summarize(df, wall_s=wall_s)
     console.print(f"[{'red' if summary['failures'] else 'green'}]{summary_line(summary)}[/]")
     return summary
+
+
+def crash_markdown(df: pd.DataFrame) -> list:
+    """Markdown lines: a ``## Crashes`` section with each crash's full traceback (empty if none)."""
+    crashes = crash_rows(df)
+    if not len(crashes):
+        return []
+    md = ["## Crashes", ""]
+    for r in crashes.to_dict("records"):
+        md += [f"{_where(r)}:", "", "```", str(r["detail"]).rstrip(), "```", ""]
+    return md
 
 
 CERTIFIED_OUTPUTS = (("indices", "tie-equivalent"), ("compressed_cache", "rounding-boundary"))
@@ -258,6 +306,7 @@ def write_report(df: pd.DataFrame, directory: Union[str, os.PathLike], *,
         md.append("")
     md += ["## Failures", ""]
     md.append(_markdown_table(fails, list(REPORT_COLUMNS) + ["detail"]) if len(fails) else "No failures.")
+    md += [""] + crash_markdown(df)
     with open(paths["markdown"], "w") as f:
         f.write("\n".join(md) + "\n")
     if timings is not None:

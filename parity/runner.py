@@ -137,7 +137,11 @@ def _modified_inputs(kwargs: dict, sources: dict) -> dict:
     """``{name: elements changed}`` of every input tensor the forward wrote (bitwise; caches and
     the output buffer are outputs and are not listed in ``sources``)."""
     def elements(t: torch.Tensor) -> torch.Tensor:   # [numel, element_size] raw bytes
-        return t.detach().cpu().contiguous().view(torch.uint8).reshape(t.numel(), t.element_size())
+        # A fresh row-major copy, not contiguous(): a tensor with a size-0 or size-1 dimension
+        # counts as contiguous whatever that dimension's stride, and such a stride of 0 (an empty
+        # (0, 1) tensor with strides (1, 0) on CUDA) cannot be viewed as bytes.
+        flat = t.detach().cpu().clone(memory_format=torch.contiguous_format).reshape(-1)
+        return flat.view(torch.uint8).reshape(t.numel(), t.element_size())
 
     changed = {}
     for name, src in sources.items():
@@ -305,14 +309,41 @@ class _StepResult:
                            reference_buffer=host(self.rbuf.backing) if self.rbuf is not None else None)
 
 
-def _forward_kwargs(case, step, meta, inputs, ape, caches, buf, dev) -> dict:
+def accepts_keyword(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` takes keyword ``name``, looking through wrappers that forward ``**kwargs``
+    (``fn.forward`` of :class:`cases.recording.Recorder`, ``__wrapped__``)."""
+    import inspect
+    for _ in range(8):
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return False
+        if name in params:
+            return True
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return False
+        inner = getattr(fn, "forward", None) or getattr(fn, "__wrapped__", None)
+        if inner is None or inner is fn:
+            return True
+        fn = inner
+    return True
+
+
+def _forward_kwargs(case, step, meta, inputs, ape, caches, buf, dev, fn: Optional[Callable] = None) -> dict:
+    """The forward's keyword arguments for one side. ``fn`` is the kernel forward: it also gets the
+    step's ``max_score_rows`` (chunked scoring, :attr:`cases.spec.Step.max_score_rows`) when set
+    and accepted; the reference has no score scratch."""
     cfg = case.config
-    return dict({n: _to(v, dev) for n, v in inputs.items()},
-                ape=_to(ape, dev), compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
-                **{n: _to(v, dev) for n, v in meta.forward_kwargs().items()},
-                index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, score_mode=cfg.score_mode,
-                pack_tail=cfg.pack_tail, compute_topk=step.compute_topk,
-                output_buffer=buf.view if buf is not None else None)
+    kwargs = dict({n: _to(v, dev) for n, v in inputs.items()},
+                  ape=_to(ape, dev), compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
+                  **{n: _to(v, dev) for n, v in meta.forward_kwargs().items()},
+                  index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, score_mode=cfg.score_mode,
+                  pack_tail=cfg.pack_tail, compute_topk=step.compute_topk,
+                  output_buffer=buf.view if buf is not None else None)
+    rows = getattr(step, "max_score_rows", None)
+    if fn is not None and rows is not None and accepts_keyword(fn, "max_score_rows"):
+        kwargs["max_score_rows"] = int(rows)
+    return kwargs
 
 
 def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _StepResult:
@@ -350,7 +381,8 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
         pristine = side.caches.clone() if side is kernel and run.repeat > 1 else None
         buf = sen.allocate_output_buffer(step.output_buffer, device=side.dev) if step.output_buffer else None
         buf_before = buf.backing.detach().cpu().clone() if buf is not None else None
-        kwargs = _forward_kwargs(case, step, meta, inputs, ape, side.caches, buf, side.dev)
+        kwargs = _forward_kwargs(case, step, meta, inputs, ape, side.caches, buf, side.dev,
+                                 fn if side is kernel else None)
         out, exc, wall = _call(fn, kwargs, side.dev)
         modified_inputs[side.name] = _modified_inputs(kwargs, dict(inputs, ape=ape, **meta.forward_kwargs()))
         times[side.name] = wall
@@ -432,7 +464,7 @@ def _determinism(case, step, meta, inputs, ape, fn, side: _Side, pristine, first
     for n in range(2, repeat + 1):
         caches = pristine.clone()
         buf = sen.allocate_output_buffer(step.output_buffer, device=side.dev) if step.output_buffer else None
-        out, exc, _ = _call(fn, _forward_kwargs(case, step, meta, inputs, ape, caches, buf, side.dev), side.dev)
+        out, exc, _ = _call(fn, _forward_kwargs(case, step, meta, inputs, ape, caches, buf, side.dev, fn), side.dev)
         tag = f"run {n} vs run 1"
         if (exc is None) != (exc1 is None) or (exc is not None and type(exc) is not type(exc1)):
             found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", 1,
@@ -455,8 +487,8 @@ def _determinism(case, step, meta, inputs, ape, fn, side: _Side, pristine, first
                 found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", int(diff.shape[0]),
                                          detail=f"{tag}: output_buffer differs", **where))
         elif isinstance(out1, torch.Tensor) and isinstance(out, torch.Tensor):
-            a = out1.detach().cpu().reshape(out1.shape[0], -1)
-            b = out.detach().cpu().reshape(out.shape[0], -1)
+            a = out1.detach().cpu().flatten(1)
+            b = out.detach().cpu().flatten(1)
             if a.shape != b.shape:
                 found.append(cmp.finding(DETERMINISM_OUTPUT, "nondeterministic", 1,
                                          detail=f"{tag}: indices shape {list(a.shape)} vs {list(b.shape)}"))

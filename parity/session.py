@@ -14,6 +14,16 @@ from typing import Callable, List, Optional, Sequence
 
 DEFAULT_KERNEL = "kpool"
 """Kernel spec of the production kernels (``kpool.indexer.forward``)."""
+RELATION_NAMES = ("batch-permutation", "padding-rows", "output-width", "score-chunking", "captured-replay")
+"""The metamorphic relations of :data:`parity.metamorphic.RELATIONS`, named here so that the CLI's
+``--help`` needs no torch import (a test keeps the two equal)."""
+DEVICE_DECODE_RELATIONS = {"cuda": ("captured-replay",), "npu": ("captured-replay",), "cpu": ()}
+"""Relations a run checks by default on the decode steps of the seed cases, per backend (no
+``--metamorphic``): a captured serving graph replays decode steps on a device (FULL mode); the
+CPU interpreter captures nothing, so it is off there."""
+SEED_TAG = "suite:seed"
+"""The tag of the seed scenarios (:mod:`cases.scenarios`): the cases :attr:`RunOptions.decode_relations`
+apply to."""
 
 
 @dataclass
@@ -29,6 +39,9 @@ class RunOptions:
         metamorphic: relation names to check after each case (``[]``: none; see
             :mod:`parity.metamorphic`).
         seed_offset: the ``--seed`` offset the cases were built with (informational).
+        decode_relations: relation names checked on the decode steps (:func:`decode_steps`) of
+            the seed cases (tag :data:`SEED_TAG`) only: the device default
+            (:data:`DEVICE_DECODE_RELATIONS`) when ``--metamorphic`` is not given.
     """
 
     device: str = "cpu"
@@ -38,6 +51,7 @@ class RunOptions:
     kernel: str = DEFAULT_KERNEL
     metamorphic: List[str] = field(default_factory=list)
     seed_offset: int = 0
+    decode_relations: List[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """JSON-able dict."""
@@ -75,6 +89,31 @@ def resolve_kernel(spec: str) -> Callable:
         raise ValueError(f"kernel spec must be 'kpool', 'mutant:NAME' or 'module:function', got {spec!r}")
     module, name = spec.split(":", 1)
     return getattr(importlib.import_module(module), name)
+
+
+def decode_steps(case) -> List[int]:
+    """Indices of the decode steps of ``case``: scored steps whose every request has at most one
+    row, at least one of them live (what a captured FULL-mode decode graph replays)."""
+    out = []
+    for i, step in enumerate(case.steps):
+        lens = [r.query_len for r in step.batch.requests]
+        if step.compute_topk and step.expect_error is None and lens and max(lens) == 1:
+            out.append(i)
+    return out
+
+
+def case_relations(case, options: "RunOptions") -> List[tuple]:
+    """``[(relation names, steps or None)]`` to check on ``case``: ``options.metamorphic`` on every
+    step, and ``options.decode_relations`` on the decode steps of a seed case."""
+    plan = []
+    if options.metamorphic:
+        plan.append((list(options.metamorphic), None))
+    extra = [r for r in options.decode_relations if r not in options.metamorphic]
+    if extra and SEED_TAG in tuple(getattr(case, "tags", ())):
+        steps = decode_steps(case)
+        if steps:
+            plan.append((extra, steps))
+    return plan
 
 
 def _progress(console, total: int):
@@ -133,10 +172,10 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
     results: List = []
 
     def finish(case, res):
-        if options.metamorphic:
+        for names, steps in case_relations(case, options):
             from .metamorphic import run_relations
             t0 = time.perf_counter()
-            extra = run_relations(case, options.metamorphic, device=options.device, kernel_forward=fn)
+            extra = run_relations(case, names, device=options.device, kernel_forward=fn, steps=steps)
             res.wall_s += time.perf_counter() - t0     # the case line's time includes its relations
             if len(extra):
                 for col in ("worker", "worker_device"):

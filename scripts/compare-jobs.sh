@@ -22,7 +22,7 @@ declare -A WALL RC
 for j in 1 "$JOBS"; do
     t0=$(date +%s.%N)
     rc=0
-    "$PY" -m parity run --device "$DEVICE" --size "$SIZE" --jobs "$j" --failures-only \
+    "$PY" -m parity run --device "$DEVICE" --suite seed --size "$SIZE" --jobs "$j" --failures-only \
         --report "$OUT/jobs$j" >"$OUT/jobs$j.log" 2>&1 || rc=$?
     WALL[$j]=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')
     RC[$j]=$rc

@@ -55,10 +55,12 @@ def assert_planted_fault_found_and_shrunk(kind: str, name: str, device, corpus_d
     prof = current_profile()
     examples = prof.batch_examples if kind == "batch" else prof.engine_examples
     # within the profile's budget: the same example count as the passing run
+    # guaranteed=False: the fixed coverage cases would catch it before the generator and the
+    # shrinker, which are what this search tests
     out = run_generated(kind, device=device, kernel_forward=mutant.forward, repeat_every=0,
                         collect_coverage=False, examples=examples, shrink_s=prof.fault_shrink_s,
                         shrink_calls=prof.fault_shrink_calls, corpus_dir=corpus_dir,
-                        corpus_info={"expect": f"fail:{name}"})
+                        corpus_info={"expect": f"fail:{name}"}, guaranteed=False)
     assert isinstance(out.error, ParityFailure), out.error
     print("\n".join(describe(out.case)))
     assert expected_verdict(name) in set(out.result.failures["verdict"])

@@ -90,19 +90,29 @@ def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path, device):
     failing = int(res.findings["verdict"].map(lambda v: v != "exact").sum())
     assert (f"reproduced: {len(res.findings)} checks identical to the bundle's "
             f"({failing} findings, {len(res.failures)} failures)") in proc.stdout, proc.stdout
-    # a bundle whose recorded findings disagree with what the code does now is reported, exit 1
+    assert "kernel=tests.test_reports:planted_fault" in proc.stdout and "at git " in proc.stdout
+    # recorded counts that differ from what the code does now: reported; the verdict (the same
+    # failures) still reproduces, so only --expect identical fails
     records = json.load(open(os.path.join(path, "findings.json")))
     k = next(i for i, r in enumerate(records) if r["verdict"] == "cache-mismatch")
     records[k]["mismatches"] += 1
     json.dump(records, open(os.path.join(path, "findings.json"), "w"))
     proc = _python("replay", path, device=device)
-    assert proc.returncode == 1 and "checks differ from the bundle (2 rows)" in proc.stdout, proc.stdout
+    assert proc.returncode == 0 and "checks differ from the bundle (2 rows)" in proc.stdout, proc.stdout
+    assert "reproduced the verdict" in proc.stdout
+    assert _python("replay", path, "--expect", "identical", device=device).returncode == 1
+    # another failure class: the verdict does not reproduce, exit 1
+    records[k]["verdict"] = "ring-mismatch"
+    json.dump(records, open(os.path.join(path, "findings.json"), "w"))
+    proc = _python("replay", path, device=device)
+    assert proc.returncode == 1 and "not reproduced" in proc.stdout, proc.stdout
 
 
 def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path, device):
     """End to end on the real kernels: a planted kernel fault fails the run, the failure message
     names the replay command, and the replay in another process reproduces the findings."""
-    proc = _python("run", "--device", device, "--case", "prefill-tail", "--kernel", "mutant:visible-off-by-one",
+    proc = _python("run", "--device", device, "--size", "small", "--case", "prefill-tail",
+                   "--kernel", "mutant:visible-off-by-one",
                    "--report", "rep", "--junit", "rep/junit.xml", "--failures-only", "--no-oracle", cwd=tmp_path,
                    device=device)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -148,6 +158,7 @@ def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device)
     """A damaged file or a kernel spec outside this checkout: exit 2 with the reason, no traceback,
     nothing run."""
     import shutil
+    from parity.bundle_checks import MAX_REPEAT
     from parity.cli import main
     from kpool.platform import resolve_device
     resolve_device(device)
@@ -169,13 +180,60 @@ def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device)
             json.dump(data, open(path / "case.json", "w"))
         return edit
 
+    def set_field(section, key, value):
+        def edit(path):
+            data = json.load(open(path / "case.json"))
+            target = data
+            for part in section:
+                target = target[part]
+            target[key] = value
+            json.dump(data, open(path / "case.json", "w"))
+        return edit
+
+    def drop_step(path):
+        data = json.load(open(path / "case.json"))
+        data["case"]["steps"].pop()
+        json.dump(data, open(path / "case.json", "w"))
+
     cases = {
         "garbage-inputs": (lambda p: (p / "inputs.pt").write_bytes(b"not a tensor file"), "not a readable parity bundle"),
         "null-environment": (lambda p: (p / "environment.json").write_text("null"), "environment.json must hold"),
         "os-system": (set_kernel("os:system"), "replay runs only kpool"),
+        "unknown-mutant": (set_kernel("mutant:nope"), "unknown planted fault"),
+        "kernel-number": (set_kernel(42), "is not a kernel spec"),
+        "repeat-huge": (set_field(["run"], "repeat", MAX_REPEAT + 1), f"repeat is {MAX_REPEAT + 1}"),
+        "repeat-zero": (set_field(["run"], "repeat", 0), "repeat is 0"),
+        "repeat-text": (set_field(["run"], "repeat", "2"), "repeat is '2'"),
+        "mode": (set_field(["run"], "mode", "sideways"), "mode 'sideways'"),
+        "pages-absurd": (set_field(["case", "geometry"], "num_pages", 10 ** 12), "GiB of caches"),
+        "page-size-negative": (set_field(["case", "geometry"], "page_size", -2), "geometry.page_size is -2"),
+        "config": (set_field(["case", "config"], "index_kpool", 0), "configuration is invalid"),
+        "step-count": (drop_step, "has 3 steps but inputs.pt holds 4"),
+        "steps-run": (set_field([], "steps_run", 99), "steps_run is 99"),
     }
     capsys.readouterr()
     for name, (edit, reason) in cases.items():
         assert main(["replay", damaged(name, edit)]) == 2, name
         assert reason in capsys.readouterr().err, name
     assert main(["replay", damaged("own-module", set_kernel("tests.test_reports:planted_fault"))]) in (0, 1)
+
+
+def test_replay_checks_a_fix_with_another_kernel(tmp_path, capsys, device):
+    """``replay --kernel kpool --expect pass`` checks a fix against a recorded failure; the exit
+    code answers the question asked, and the output names the kernel and the recorded one."""
+    from kpool.platform import resolve_device
+    from parity.cli import main
+    resolve_device(device)
+    out = tmp_path / "b"
+    assert main(["run", "--device", device, "--suite", "seed", "--size", "small", "--case", "prefill-tail",
+                 "--kernel", "mutant:visible-off-by-one", "--bundle-dir", str(out), "--no-oracle"]) == 1
+    path = str(out / "prefill-tail-small")
+    capsys.readouterr()
+    assert main(["replay", path]) == 0                                  # the recorded failure reproduces
+    assert "kernel=mutant:visible-off-by-one" in capsys.readouterr().out
+    assert main(["replay", path, "--expect", "pass"]) == 1              # ... so it does not pass
+    assert main(["replay", path, "--kernel", "kpool", "--expect", "pass"]) == 0
+    text = capsys.readouterr().out
+    assert "kernel=kpool" in text and "replaces the recorded mutant:visible-off-by-one" in text
+    assert main(["replay", path, "--kernel", "kpool"]) == 1             # the fix: the failure is gone
+    assert main(["replay", path, "--kernel", "mutant:nope"]) == 2

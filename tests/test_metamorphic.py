@@ -133,7 +133,7 @@ def test_cli_metamorphic_option(tmp_path, device):
     from parity.cli import main
     resolve_device(device)
     rep = tmp_path / "rep"
-    assert main(["run", "--device", device, "--case", "prefill-topk", "--repeat", "1", "--no-oracle",
+    assert main(["run", "--device", device, "--size", "small", "--case", "prefill-topk", "--repeat", "1", "--no-oracle",
                  "--metamorphic", "padding-rows", "--report", str(rep), "--no-bundles"]) == 0
     rows = json.load(open(rep / "results.json"))["results"]
     meta = [r for r in rows if r["output"].startswith("metamorphic:")]

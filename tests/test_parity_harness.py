@@ -338,12 +338,18 @@ def test_write_report_outputs_parse(tmp_path):
 
 
 def test_print_results_summary_line():
+    """The console shows the summary, the non-exact rows and the first failures' expected and
+    actual values; ``all_rows`` shows the exact rows too."""
     from rich.console import Console
     console = Console(record=True, width=200)
     summary = report.print_results(_sample_findings(), wall_s=2.0, console=console)
     text = console.export_text()
     assert summary["failures"] == 1 and "FAIL: 1 cases, 1 steps, 2 checks, 1 findings, 1 failures" in text
-    assert "tail_ring" in text and "wrong-index" in text
+    assert "wrong-index" in text and "tail_ring" not in text
+    assert "expected 6, got 7" in text
+    console = Console(record=True, width=200)
+    report.print_results(_sample_findings(), console=console, all_rows=True)
+    assert "tail_ring" in console.export_text()
 
 
 def test_cli_help_and_usage_errors():
