@@ -168,6 +168,7 @@ def standin_forward(scorer: Optional[Callable] = None, *, head0_weight_scale: Op
     ``scorer`` (default: the reference's own order) and, when ``head0_weight_scale`` is given,
     head 0's weight multiplied by it (a planted fault that moves scores only slightly)."""
     def forward(**kw):
+        kw.pop("max_score_rows", None)   # a kernel-side knob (score chunking); the reference has no scratch
         if head0_weight_scale is not None and kw.get("weights") is not None:
             w = kw["weights"].clone()
             w[:, 0] *= head0_weight_scale
