@@ -10,6 +10,10 @@ from dataclasses import dataclass, replace
 
 from .errors import KPoolConfigError
 
+INT32_MAX = 2147483647
+"""Largest int32: the kernels' int32 position window needs ``p + P < INT32_MAX`` (positions
+``< INT32_MAX - P``), kpool/ops/compress.py; validation rejects larger positions."""
+
 SCORE_MODES = ("relu", "merged")
 """``relu``: per-head ReLU then head-weighted sum (model semantics, §4.2 (R));
 ``merged``: head-merged query without ReLU (legacy vllm-ascend, §4.2 (M))."""
