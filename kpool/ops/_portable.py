@@ -17,6 +17,7 @@ NPU: to verify, platform-numerics.md §6.4):
 * :func:`score_key_hi` — the order-preserving int32 image of a sanitized score (§4.3, §4.4,
   parity-contract.md §2): the high word of the int64 selection key.
 * :func:`bf16_bits_to_f32`, :func:`load_bf16_operand` — bf16 loaded through int16 views.
+* :func:`split_bf16x3` — an fp32 value as the exact sum of three bf16 values (score mode (M)).
 
 Importing this module imports Triton (and changes nothing in it: the interpreter compatibility
 patch is ``kpool.platform.install_interpreter_compat``, applied by ``resolve_device("cpu")``);
@@ -245,3 +246,26 @@ def load_f32(ptrs, mask, IS_BF16: tl.constexpr):
         return bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
     else:
         return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def split_bf16x3(x):
+    """int16 bf16 bits ``(hi, mid, lo)`` with ``hi + mid + lo == x`` exactly for finite fp32 ``x``
+    (``|x| >= 2^-110``; below, ``lo`` loses bits under 2^-133): ``hi`` is ``x`` truncated to bf16,
+    ``mid`` the remainder truncated, ``lo`` the rest, which has at most 8 significant bits. Each
+    remainder is exact in fp32 (Sterbenz). A non-finite ``x`` gives ``hi = x`` (NaN canonical)
+    and ``mid = lo = 0``, so ``hi * c`` has the non-finite class of ``x * c``.
+
+    Args: x: fp32 tensor. Returns: three int16 tensors of the same shape.
+    """
+    finite = (x - x) == 0
+    bits = x.to(tl.int32, bitcast=True)
+    hi_bits = bits & -65536
+    r1 = x - hi_bits.to(tl.float32, bitcast=True)
+    r1_bits = r1.to(tl.int32, bitcast=True)
+    mid_bits = r1_bits & -65536
+    r2 = r1 - mid_bits.to(tl.float32, bitcast=True)
+    hi_bits = tl.where(finite, hi_bits, tl.where(x != x, BF16_QUIET_NAN_HI, bits))
+    mid_bits = tl.where(finite, mid_bits, 0)
+    lo_bits = tl.where(finite, r2.to(tl.int32, bitcast=True), 0)
+    return (hi_bits >> 16).to(tl.int16), (mid_bits >> 16).to(tl.int16), (lo_bits >> 16).to(tl.int16)

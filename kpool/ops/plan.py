@@ -62,6 +62,9 @@ TUNING: Dict[str, Dict[str, dict]] = {
     "score_prefill": {"cuda": dict(BLOCK_M=64, BLOCK_N=128, per_core=2, num_warps=4, num_stages=3),
                       "npu": dict(BLOCK_M=64, BLOCK_N=64, per_core=1),
                       "cpu": dict(BLOCK_M=64, BLOCK_N=0, cap=64)},
+    "merge_heads": {"cuda": dict(BLOCK_ROWS=4, per_core=8, num_warps=4),
+                    "npu": dict(BLOCK_ROWS=4, per_core=1),
+                    "cpu": dict(BLOCK_ROWS=64, cap=4)},
     "expand": {"cuda": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=8, num_warps=4),
                "npu": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=1),
                "cpu": dict(BLOCK_ROWS=16, BLOCK_COLS=256, cap=GRID_LIMIT)},
@@ -256,6 +259,17 @@ def score_prefill_plan(num_rows: int, num_requests: int, total_rows: int, max_po
     return _make("score_prefill", tiles, backend, device,
                  dict(BLOCK_M=block_m, BLOCK_N=block_n, DP=max(MIN_DOT, next_pow2(head_dim)),
                       DECODE_ROWS=DECODE_ROWS, DOT_F32=backend == "cpu"), launch_options, cores)
+
+
+def merge_heads_plan(num_rows: int, head_dim: int, device, launch_options=None,
+                     cores: Optional[int] = None) -> LaunchPlan:
+    """Score mode (M)'s head merge (kpool-algorithm.md §4.2 (M)): tiles of ``BLOCK_ROWS`` rows."""
+    backend = backend_of(device)
+    block_rows = TUNING["merge_heads"][backend]["BLOCK_ROWS"]
+    if backend == "cpu":
+        block_rows = max(1, min(block_rows, next_pow2(num_rows)))
+    return _make("merge_heads", cdiv(num_rows, block_rows), backend, device, dict(BLOCK_ROWS=block_rows),
+                 launch_options, cores)
 
 
 def expand_plan(num_rows: int, width: int, device, launch_options=None,
