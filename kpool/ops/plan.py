@@ -93,6 +93,8 @@ def backend_of(device) -> str:
 
 
 def _device_index(backend: str, device) -> int:
+    if isinstance(device, str):
+        device = torch.device(device)
     index = getattr(device, "index", None)
     if index is not None:
         return int(index)

@@ -55,7 +55,8 @@ QBAR_UNSCALE = tl.constexpr(2.0 ** -64)
 
 _NO_SPECIALIZE = ["q_offset", "stride_q_t", "stride_q_h", "stride_w_t", "stride_w_h", "cache_offset",
                   "stride_cache_n", "stride_cache_b", "num_pages", "page_size", "num_requests", "stride_bt_r",
-                  "stride_bt_m", "bt_width", "stride_keys_t", "row_start", "num_rows", "max_pool_seq_len"]
+                  "stride_bt_m", "bt_width", "stride_keys_t", "row_start", "num_rows", "max_pool_seq_len",
+                  "stride_qbar_t"]
 # Runtime sizes and outer strides are not specialized, so a stream of batches compiles one
 # variant per configuration (P, D, H, mode, weight dtype) and vector width only. q and the cache
 # arrive as their storage start (aligned by the allocator) with offsets and strides in units of
@@ -202,7 +203,7 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, sea
     own = tl.where(inside, (edge_row - e_lo) // BLOCK_M + edge, e_blocks)   # the last edge counts its block
     own = tl.where(e_len > DECODE_ROWS, own, 0)
     before = edge * 0
-    carry = tl.sum(before, axis=0)
+    carry = num_requests * 0                   # an int32 scalar zero
     for base in range(0, num_requests, BLOCK_R):
         r = base + lanes
         ok = r < num_requests
@@ -214,7 +215,7 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, sea
         prefix = tl.sum(tl.where(lanes[None, :] <= lanes[:, None], blocks[None, :], 0), axis=1)
         tl.store(block_ends_ptr + r, carry + prefix, mask=ok)
         before = before + tl.sum(tl.where(r[None, :] < edge_req[:, None], blocks[None, :], 0), axis=1)
-        carry = carry + tl.sum(blocks, axis=0)  # portable-ok: reduction -- exact int32 sum
+        carry = carry + tl.sum(tl.where(ok, blocks, 0), axis=0)
     tl.store(block_ends_ptr + num_requests + edge, before + own)
 
 
@@ -302,7 +303,7 @@ def _score_prefill_kernel(
                         mine[:, None] & (pools < max_pool_seq_len)[None, :])
 
 
-@triton.jit(do_not_specialize=["stride_q_t", "stride_q_h", "stride_w_t", "stride_w_h", "stride_split_t",
+@triton.jit(do_not_specialize=["stride_q_t", "stride_q_h", "stride_w_t", "stride_w_h", "stride_split_t", "stride_qbar_t",
                                 "row_start", "num_rows"])
 def _merge_heads_kernel(
     q_ptr, stride_q_t, stride_q_h, stride_q_d,

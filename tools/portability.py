@@ -1,5 +1,8 @@
 """Static check that kernel sources stay inside the portable Triton subset
-(platform-numerics.md §6.1, §1.4, §1.5; design.md "Canonical numerics").
+(platform-numerics.md §6.1, §1.4, §1.5; design.md "Canonical numerics"; docs/portable-subset.md).
+
+A development (lint) tool: ``tests/test_portable_subset.py`` runs it over ``kpool/ops``; no runtime
+package imports it. ``python tools/portability.py [ROOT]`` prints the violations of a tree.
 
 The kernels in ``kpool/ops/`` must compile on triton-ascend 3.2.x (A2/A3/A5), upstream Triton on
 CUDA and the CPU interpreter, and reproduce ``reference/numerics.py`` bit for bit. Most ways of
@@ -17,6 +20,16 @@ Rules (``Violation.rule``):
     keyword ``allow_tf32``, or ``input_precision`` = ``"tf32"``/``"tf32x3"``/``"hf32"``/``"bf16x3"``/``"bf16x6"``.
 ``dot-precision``
     ``tl.dot`` without a literal ``input_precision="ieee"``; ``tl.dot_scaled`` at all.
+``dot-accumulator``
+    ``tl.dot`` with an ``out_dtype`` other than ``tl.float32`` or with ``max_num_imprecise_acc``:
+    products are accumulated in full fp32 (parity-contract.md §3.2 certifies the order, not a
+    narrower accumulator; ``out_dtype=bfloat16`` is rejected on Ascend).
+``dot-interpreter``
+    ``tl.dot`` in a function without a ``DOT_F32`` parameter (a ``tl.constexpr`` the launcher
+    sets per backend): the Triton interpreter's bf16 dot returns garbage (bf16 is stored as
+    uint16 there), so under the interpreter the operands must be widened to fp32 for an IEEE
+    fp32 dot, and compiled backends use bf16 operands; a kernel that cannot switch is wrong on
+    one of the legs.
 ``inline-asm``
     ``tl.inline_asm_elementwise`` (any name containing ``inline_asm``).
 ``npu-option``
@@ -31,7 +44,8 @@ Rules (``Violation.rule``):
 ``bf16-rounding``
     ``.to(tl.bfloat16)`` / ``.cast(tl.bfloat16)`` / ``tl.cast(x, tl.bfloat16)`` with no call to
     ``round_to_bf16_bits`` in the same statement or the same function: the interpreter truncates
-    on fp32 -> bf16 conversion, so values must be RNE-rounded on int32 bits first.
+    on fp32 -> bf16 conversion, so values must be RNE-rounded on int32 bits first. A bit cast
+    (``bitcast=True``: int16 bits reinterpreted as bf16) rounds nothing and is allowed.
 ``transcendental``
     ``tl.exp/exp2/log/log2/sqrt/sqrt_rn/rsqrt/sigmoid/softmax/sin/cos/erf/fma`` (libm-dependent
     or fused; the kernels use the software ``exp_fp32``), also as jit-code tensor methods.
@@ -61,8 +75,8 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 __all__ = ["Violation", "RULES", "NPU_ONLY_OPTIONS", "check_portable_subset", "check_launch_options",
            "sum_calls", "suppressions", "check_tree"]
 
-RULES = ("extra-libdevice", "sort-topk", "tf32", "dot-precision", "inline-asm", "npu-option",
-         "reduction", "bf16-rounding", "transcendental", "float-division")
+RULES = ("extra-libdevice", "sort-topk", "tf32", "dot-precision", "dot-accumulator", "dot-interpreter",
+         "inline-asm", "npu-option", "reduction", "bf16-rounding", "transcendental", "float-division")
 
 # NPUOptions fields of triton-ascend 3.2.x (platform-numerics.md §1.4) that upstream Triton
 # rejects as launch kwargs, plus the Ascend-only op kwargs of §6.1. num_warps, num_stages and
@@ -86,6 +100,7 @@ _JIT_DECORATORS = frozenset({"triton.jit", "triton.runtime.jit", "triton.runtime
 # Sub-namespaces of triton.language that re-export the same functions (tl.math.exp is tl.exp).
 _TL_SUBMODULES = ("math.", "standard.", "core.")
 _ROUND_HELPER = "round_to_bf16_bits"
+_DOT_SWITCH = "DOT_F32"
 _PRAGMA = re.compile(r"#\s*portable-ok:\s*([\w-]+(?:\s*,\s*[\w-]+)*)")
 
 
@@ -309,6 +324,16 @@ class _Checker(ast.NodeVisitor):
         return next((kw.value for kw in node.keywords if kw.arg == arg), None)
 
     def check_dot(self, node: ast.Call) -> None:
+        out_dtype = self.keyword(node, "out_dtype")
+        if out_dtype is not None and self.tl_name(out_dtype) != "float32":
+            self.report("dot-accumulator", node, "tl.dot out_dtype must be tl.float32 (fp32 accumulation)")
+        if self.keyword(node, "max_num_imprecise_acc") is not None:
+            self.report("dot-accumulator", node, "tl.dot max_num_imprecise_acc: accumulation must stay full fp32")
+        fn = self.func_stack[-1] if self.func_stack else None
+        params = [a.arg for a in fn.args.args + fn.args.kwonlyargs] if fn is not None else []
+        if _DOT_SWITCH not in params:
+            self.report("dot-interpreter", node, f"tl.dot in a function without a {_DOT_SWITCH} parameter: the "
+                        "interpreter needs fp32 (ieee) operands, compiled backends bf16 ones")
         prec = self.keyword(node, "input_precision")
         if len(node.args) > 3:
             self.report("dot-precision", node, "tl.dot with positional input_precision/allow_tf32: "
@@ -341,6 +366,9 @@ class _Checker(ast.NodeVisitor):
     def check_bf16(self, node: ast.Call, dtype: Optional[ast.AST]) -> None:
         if dtype is None or self.tl_name(dtype) != "bfloat16":
             return
+        bitcast = self.keyword(node, "bitcast")
+        if isinstance(bitcast, ast.Constant) and bitcast.value is True:
+            return          # reinterpreting int16 bits as bf16 rounds nothing
         scope = self.func_stack[-1] if self.func_stack else (self.stmt_stack[-1] if self.stmt_stack else node)
         for sub in ast.walk(scope):
             if isinstance(sub, ast.Call):
@@ -517,7 +545,7 @@ def check_tree(root: Path, package: str = "kpool/ops") -> List[Violation]:
     return out
 
 
-if __name__ == "__main__":  # python parity/portability.py [ROOT]: print violations, exit 1 if any
+if __name__ == "__main__":  # python tools/portability.py [ROOT]: print violations, exit 1 if any
     import sys
 
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
