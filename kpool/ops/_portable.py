@@ -169,7 +169,8 @@ def request_of_rows(rows, cum_query_lens_ptr, num_requests, search_steps):
 def live_rows(rows, num_rows, cum_query_lens_ptr, num_requests):
     """``rows < T_live`` and ``rows < T``, with ``T_live = cum_query_lens[R - 1]`` read on the
     device: the host never needs it, so a captured graph replays with another ``T_live``
-    (kpool-algorithm.md §5.5, FULL mode: rows ``>= T_live`` are padding)."""
+    (kpool-algorithm.md §5.5, FULL mode: rows ``>= T_live`` are padding). The cache-update
+    kernels' guard (padding rows never write a cache)."""
     t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
     return (rows < t_live) & (rows < num_rows)
 

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..errors import KPoolDtypeError, KPoolShapeError
 from . import plan as launch_plan
-from ._portable import KEY_LOWEST_C, live_rows
+from ._portable import KEY_LOWEST_C
 
 # As in compress.py, runtime sizes and outer strides are in ``do_not_specialize`` so a stream of
 # batches does not compile one variant per "== 1" / "% 16" pattern, nor per 16-byte alignment of
@@ -37,13 +37,14 @@ def _expand_kernel(
     n_row_blocks = tl.cdiv(num_rows, BLOCK_ROWS)
     n_col_blocks = tl.cdiv(width, BLOCK_COLS)
     local = tl.arange(0, BLOCK_ROWS)
+    t_live = tl.load(cum_query_lens_ptr + num_requests - 1)      # read on the device (FULL mode)
     for tile in range(pid, n_row_blocks * n_col_blocks, nprog):
         rb = tile // n_col_blocks
         cb = tile % n_col_blocks
         row0 = rb * BLOCK_ROWS
         rows = row0 + local
         cols = cb * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
-        live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)
+        live = (rows < t_live) & (rows < num_rows)
         pos = tl.load(positions_ptr + rows, mask=live, other=0).to(tl.int32)
         # Step 1, history: column c holds token pool_id[c // P] * P + c % P of a valid slot.
         slot = cols // P
