@@ -322,6 +322,26 @@ def test_chunked_multi_request_prefill_matches_oracle(P, extra):
     assert residues == set(range(P))   # every chunk-start residue (0 = pool-aligned resume)
 
 
+
+@pytest.mark.parametrize("P,extra", [(1, 3), (4, 0), (4, 3)])
+def test_compiled_backends_tiling_matches_oracle(P, extra, monkeypatch):
+    """The compiled backends' tiling under the interpreter: one pool per lane in tiles inside
+    one request (the chunk interiors), P row groups elsewhere (request edges, decode rows)."""
+    from kpool.ops import plan
+    monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=8, BLOCK_D=16, window=2 ** 20, cap=2))
+    assert not plan.compress_plan(64, 16, P, "cpu").constexprs["ROWS_AT_ONCE"]
+    C = P + extra
+    sizes = _chunk_sizes(P)
+    lengths = [sum(s[i] for s in sizes) for i in range(3)]
+    sim = Sim(P=P, C=C, lengths=lengths, seed=10 * P + extra, B=3 if P == 2 else 2)
+    residues = set()
+    for s in sizes:
+        residues |= {sim.cached[i] % P for i in range(3) if sim.cached[i] > 0 and s[i] > 0}
+        sim.step([(0, s[0]), (1, s[1]), (2, s[2])])
+    assert sim.cached == lengths
+    assert residues == set(range(P))   # every chunk-start residue (0 = pool-aligned resume)
+
+
 def test_grid_stride_loop_and_partial_blocks(monkeypatch):
     """Tiny tiles (one pool lane, channel chunks of 4) and a tiny grid force several grid-stride
     iterations per program, tiles across request boundaries (the per-row path) and partial last
@@ -329,6 +349,7 @@ def test_grid_stride_loop_and_partial_blocks(monkeypatch):
     ``launch_options`` dict."""
     from kpool.ops import plan
     monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=1, BLOCK_D=4, window=2 ** 20, cap=3))
+    assert not plan.compress_plan(8, 16, 4, "cpu").constexprs["ROWS_AT_ONCE"]   # the compiled backends' path
     monkeypatch.setitem(plan.TUNING["ring_write"], "cpu", dict(BLOCK_T=2, cap=3))
     sim = Sim(P=4, C=7, lengths=[12, 5, 8], seed=5)
     sim.step([(0, 7), (1, 2), (2, 5)])                      # 7 blocks of 2 rows on 3 programs

@@ -158,7 +158,8 @@ def _compress_kernel(
         stride_cache_n, stride_cache_b, stride_cache_d,
         stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
         stride_positions, stride_raw, stride_slot, stride_tbt,
-        P: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
+        P: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr, ROWS_AT_ONCE: tl.constexpr,
+        BLOCK_R: tl.constexpr):
     """Launch 1 (kpool-algorithm.md §5.1-§5.3). ``cache_ptr`` is an int16 view of the bf16
     compressed cache (bit-exact RNE store); ``tail_ptr`` the fp32 ring (read only)."""
     pid = tl.program_id(0)
@@ -179,6 +180,18 @@ def _compress_kernel(
         pos0 = tl.load(positions_ptr + t0 * stride_positions, mask=single, other=P - 1).to(tl.int32)
         first = (P - 1) - (pos0 % P)
         groups = tl.where(single, 1, P)
+        if ROWS_AT_ONCE:
+            # The interpreter pays per operation, not per lane: every row of the tile in one
+            # group (lane = row) is the cheapest there. Compiled backends never trace this.
+            rows = t0 + tl.arange(0, BLOCK_R)
+            _compress_rows(tl.where(rows <= t1, rows, num_rows), num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr,
+                           tail_ptr, positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr,
+                           tail_block_table_ptr, num_requests, search_steps, D, page_size, num_slots,
+                           ring_capacity, num_tail_blocks, stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
+                           stride_ape_p, stride_ape_d, stride_cache_n, stride_cache_b, stride_cache_d,
+                           stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
+                           stride_positions, stride_raw, stride_slot, stride_tbt, P, BLOCK_D)
+            groups = 0
         for group in range(0, groups):
             _compress_rows(t0 + first + group + lanes * P, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
                            positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr,

@@ -52,7 +52,7 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # spills on sm_90: tests/test_cuda_compile.py). BLOCK_D=0: next_pow2(D).
     "compress": {"cuda": dict(BLOCK_J=64, BLOCK_D=32, window=2048, per_core=8, num_warps=4),
                  "npu": dict(BLOCK_J=64, BLOCK_D=64, window=4096, per_core=1),
-                 "cpu": dict(BLOCK_J=64, BLOCK_D=0, window=2 ** 20, cap=4)},
+                 "cpu": dict(BLOCK_J=64, BLOCK_D=0, window=2 ** 20, cap=4, rows_at_once=True)},
     "ring_write": {"cuda": dict(BLOCK_T=8, per_core=8, num_warps=4),
                    "npu": dict(BLOCK_T=16, per_core=1),
                    "cpu": dict(BLOCK_T=256, cap=4)},
@@ -208,7 +208,8 @@ def compress_plan(num_rows: int, head_dim: int, index_kpool: int, device, launch
         block_j = max(1, min(block_j, next_pow2(cdiv(num_rows, index_kpool))))
     rows_per_tile = block_j * index_kpool
     return _make("compress", cdiv(num_rows, rows_per_tile), backend, device,
-                 dict(P=int(index_kpool), BLOCK_J=block_j, BLOCK_D=block_d), launch_options, cores)
+                 dict(P=int(index_kpool), BLOCK_J=block_j, BLOCK_D=block_d, ROWS_AT_ONCE=bool(tune.get("rows_at_once", False)),
+                      BLOCK_R=next_pow2(rows_per_tile)), launch_options, cores)
 
 
 def ring_write_plan(num_rows: int, head_dim: int, device, launch_options=None,

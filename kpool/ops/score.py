@@ -87,8 +87,9 @@ def _merged_needs_exact(key_tile, nonfinite_ptrs, DOT_F32: tl.constexpr):
     row whose ``qbar`` has one. The three-part split multiplies its zero parts by every key
     element, and ``0 * inf`` is NaN where the reference's ``qbar_d * c_d`` is not."""
     k = key_tile.to(tl.float32)
-    bad_key = tl.max(tl.max(tl.where(k - k == 0, 0, 1), axis=1), axis=0)  # portable-ok: reduction -- int32 max
-    bad_row = tl.max(tl.load(nonfinite_ptrs), axis=0)  # portable-ok: reduction -- int32 max
+    # Counts (exact int32 sums; triton-ascend 3.2's interpreter reduces max element by element).
+    bad_key = tl.sum(tl.sum(tl.where(k - k == 0, 0, 1), axis=1), axis=0)
+    bad_row = tl.sum(tl.where(tl.load(nonfinite_ptrs) != 0, 1, 0), axis=0)
     return (bad_key + bad_row) > 0
 
 
@@ -336,15 +337,15 @@ def _merge_heads_kernel(
             qbar = qbar + w_h[:, None] * q_h
         # A row whose |qbar| < 2^-46 is split scaled by 2^64 (exact), its unit weights set to 2^-64,
         # so the split stays exact (bf16 cannot hold bits below 2^-133).
-        amax = tl.max(tl.where(qbar - qbar == 0, tl.abs(qbar), 0.0), axis=1)  # portable-ok: reduction -- max is exact
-        tiny = amax < TINY_QBAR
+        finite = qbar - qbar == 0
+        tiny = tl.sum(tl.where(finite & (tl.abs(qbar) >= TINY_QBAR), 1, 0), axis=1) == 0   # every |qbar| tiny
         hi, mid, lo = split_bf16x3(tl.where(tiny[:, None], qbar * QBAR_SCALE, qbar))
         out = split_ptr + row0 * stride_split_t + local[:, None] * stride_split_t + dims[None, :]
         tl.store(out, hi, mask=mask)
         tl.store(out + D, mid, mask=mask)
         tl.store(out + 2 * D, lo, mask=mask)
         tl.store(qbar_ptr + row0 * stride_qbar_t + local[:, None] * stride_qbar_t + dims[None, :], qbar, mask=mask)
-        bad = tl.max(tl.where(mask & (qbar - qbar != 0), 1, 0), axis=1)  # portable-ok: reduction -- int32 max
+        bad = tl.sum(tl.where(mask & (qbar - qbar != 0), 1, 0), axis=1)                      # non-finite count
         tl.store(nonfinite_ptr + row0 + local, bad, mask=row_ok)
         unit = tl.where(tiny, QBAR_UNSCALE, 1.0)
         parts = tl.arange(0, 4)
