@@ -328,7 +328,7 @@ def test_compiled_backends_tiling_matches_oracle(P, extra, monkeypatch):
     """The compiled backends' tiling under the interpreter: one pool per lane in tiles inside
     one request (the chunk interiors), P row groups elsewhere (request edges, decode rows)."""
     from kpool.ops import plan
-    monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=8, BLOCK_D=16, window=2 ** 20, cap=2))
+    monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=2, BLOCK_D=16, window=2 ** 20, cap=2))
     assert not plan.compress_plan(64, 16, P, "cpu").constexprs["ROWS_AT_ONCE"]
     C = P + extra
     sizes = _chunk_sizes(P)
