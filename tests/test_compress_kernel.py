@@ -330,6 +330,9 @@ def test_compiled_backends_tiling_matches_oracle(P, extra, monkeypatch):
     from kpool.ops import plan
     monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=2, BLOCK_D=16, window=2 ** 20, cap=2))
     assert not plan.compress_plan(64, 16, P, "cpu").constexprs["ROWS_AT_ONCE"]
+    long = Sim(P=P, C=P + extra, lengths=[5 + 61, 40], seed=P + extra)   # long chunks: one-request tiles
+    long.step([(0, 5), (1, 17)])
+    long.step([(0, 61), (1, 23)])
     C = P + extra
     sizes = _chunk_sizes(P)
     lengths = [sum(s[i] for s in sizes) for i in range(3)]
