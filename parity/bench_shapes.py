@@ -72,8 +72,9 @@ def build_case(name: str, description: str, queries: List[Tuple[int, int]], devi
                           page_size=PAGE_SIZE, device=device)
     caches = allocate_caches(config, num_pages=sum(pages) + 1, page_size=PAGE_SIZE, num_tail_blocks=len(queries),
                              device=device)
-    caches.compressed_cache.copy_(torch.randn(caches.compressed_cache.shape, generator=gen).bfloat16().to(device))
-    caches.tail_cache.copy_(torch.randn(caches.tail_cache.shape, generator=gen).to(device))
+    on_device = torch.Generator(device=device).manual_seed(seed)       # the big tensors are drawn there
+    caches.compressed_cache.copy_(torch.randn(caches.compressed_cache.shape, generator=on_device, device=device))
+    caches.tail_cache.copy_(torch.randn(caches.tail_cache.shape, generator=on_device, device=device))
     T = meta.num_tokens
     kwargs = dict(k=torch.randn(T, D, generator=gen).to(device), gate=torch.randn(T, D, generator=gen).to(device),
                   q=torch.randn(T, H, D, generator=gen).bfloat16().to(device),
