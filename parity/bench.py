@@ -4,10 +4,11 @@ For each shape of :func:`parity.bench_shapes.standard_cases` (decode 64 x 64k, d
 MTP=3 verify, prefill 16384 rows over 64k, a mixed prefill + decode batch, compress + ring write
 of a 64k prefill) it times ``kpool.indexer.forward`` with ``validate=False`` (and, for the
 decode and mixed shapes, a second row with ``validate=True``: validation is a host sync and
-stays off the serving path), the eager PyTorch version of the same op and its
-``torch.compile``, and prints per op: time, bytes and FLOPs, the fraction of the measured copy
-bandwidth and bf16 matmul rate (both measured in the same run), the ratio to eager and to
-compiled, and the launches per forward.
+stays off the serving path), the same forward captured in a CUDA graph and replayed (the FULL-
+mode serving path, no host launch overhead; ``graph_ms``), the eager PyTorch version of the same
+op and its ``torch.compile``, and prints per op: time, bytes and FLOPs, the fraction of the
+measured copy bandwidth and bf16 matmul rate (both measured in the same run), the ratio to eager
+and to compiled, and the launches per forward.
 
 Timing: CUDA/NPU with ``triton.testing.do_bench`` (median; L2 flushed between runs, warm-up
 excluded, so JIT compilation is not timed); the CPU interpreter with wall-clock medians of a
@@ -96,6 +97,23 @@ def count_launches(fn, device) -> int:
     return calls["n"]
 
 
+def graph_replay(fn, device):
+    """``fn`` captured in a CUDA graph (after a warm-up call on a side stream), as a FULL-mode
+    serving engine replays it: returns ``graph.replay`` (raises where capture fails, e.g. on a
+    host sync). CUDA only."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def measure_ceilings(device, measure, *, small: bool) -> Dict[str, float]:
     """``copy_bytes_per_s`` (``dst.copy_(src)``, read + write) and ``bf16_flops_per_s`` (square
     bf16 matmul) of this device, measured now."""
@@ -124,6 +142,9 @@ def bench_case(make_case, device, measure, ceilings: dict, *, compile_eager: boo
     kernel = lambda: forward(**case.kwargs, validate=False)  # noqa: E731
     t = measure(kernel)
     launches = count_launches(kernel, device)
+    graph = None
+    if device.type == "cuda":       # the serving path: one decode step replayed from a graph
+        graph = measure(graph_replay(kernel, device))
     eager = measure(lambda: eager_forward(case))
     compiled = None
     if compile_eager and case.kwargs["compute_topk"]:
@@ -135,11 +156,11 @@ def bench_case(make_case, device, measure, ceilings: dict, *, compile_eager: boo
                floor_ms=1e3 * max(case.bytes / ceilings["copy_bytes_per_s"], case.flops / ceilings["bf16_flops_per_s"]),
                eager_ms=1e3 * eager, compiled_ms=None if compiled is None else 1e3 * compiled,
                vs_eager=eager / t, vs_compiled=None if compiled is None else compiled / t, launches=launches,
-               validate=False)
+               graph_ms=None if graph is None else 1e3 * graph, validate=False)
     rows = [row]
     if case.name in VALIDATED:
         tv = measure(lambda: forward(**case.kwargs, validate=True))
-        rows.append(dict(row, op=f"{case.name} [validate=True]", time_ms=1e3 * tv,
+        rows.append(dict(row, op=f"{case.name} [validate=True]", time_ms=1e3 * tv, graph_ms=None,
                          copy_bw_frac=case.bytes / tv / ceilings["copy_bytes_per_s"],
                          bf16_frac=case.flops / tv / ceilings["bf16_flops_per_s"], vs_eager=eager / tv,
                          vs_compiled=None if compiled is None else compiled / tv,

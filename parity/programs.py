@@ -9,7 +9,8 @@ module never imports Triton, and a plan never needs Triton either) and map an el
 tile. They describe the launch; they never change it, and they read no private attribute.
 
 * compression (launch 1), ``ops/compress.py``: tiles of ``BLOCK_J * P`` token rows of the ``T``
-  rows (a tile inside one request compresses one pool per lane, any other walks its rows);
+  rows x ``D_SPLIT`` channels (a tile inside one request compresses one pool per lane, any other
+  walks its rows);
 * ring write (launch 2): tiles of ``BLOCK_T`` token rows;
 * scoring, ``ops/score.py``: per score chunk (``kpool.indexer`` splits the rows into chunks of the
   key scratch; each chunk is its own launches), the decode kernel (requests of at most
@@ -58,7 +59,8 @@ def grid_cap(backend: str, device=None, *, package: str = "kpool") -> Optional[i
 
 def cache_update_program(row: int, *, num_rows: Optional[int] = None, head_dim: int, backend: str,
                          cap: Optional[int] = None, index_kpool: int = 4, kernel: str = "compress",
-                         package: str = "kpool", device=None, num_live: Optional[int] = None) -> int:
+                         package: str = "kpool", device=None, num_live: Optional[int] = None,
+                         channel: int = 0) -> int:
     """Program of the compression (``kernel="compress"``) or ring-write (``"ring_write"``) launch
     that handles token ``row``.
 
@@ -67,6 +69,7 @@ def cache_update_program(row: int, *, num_rows: Optional[int] = None, head_dim: 
             ``T_live``). ``num_live`` is the older name, accepted when ``num_rows`` is not given
             (equal outside FULL mode).
         head_dim, index_kpool: ``D`` and ``P`` of the launch.
+        channel: the element's channel (compression tiles split the channels in ``D_SPLIT`` chunks).
         cap: unused (the plan knows its grid); kept for callers that pass :func:`grid_cap`.
     """
     plan = _plan(package)
@@ -78,6 +81,9 @@ def cache_update_program(row: int, *, num_rows: Optional[int] = None, head_dim: 
     else:
         launch = plan.compress_plan(rows, head_dim, index_kpool, on)
         per_tile = launch.constexprs["BLOCK_J"] * launch.constexprs["P"]
+        split = launch.constexprs["D_SPLIT"]
+        chunks = -(-int(head_dim) // split)
+        return launch.program_of_tile((int(row) // per_tile) * chunks + int(channel) // split)
     return launch.program_of_tile(int(row) // per_tile)
 
 

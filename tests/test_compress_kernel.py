@@ -326,9 +326,10 @@ def test_chunked_multi_request_prefill_matches_oracle(P, extra):
 @pytest.mark.parametrize("P,extra", [(1, 3), (4, 0), (4, 3)])
 def test_compiled_backends_tiling_matches_oracle(P, extra, monkeypatch):
     """The compiled backends' tiling under the interpreter: one pool per lane in tiles inside
-    one request (the chunk interiors), P row groups elsewhere (request edges, decode rows)."""
+    one request (the chunk interiors), P row groups elsewhere (request edges, decode rows),
+    channels split over tiles."""
     from kpool.ops import plan
-    monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=2, BLOCK_D=16, window=2 ** 20, cap=2))
+    monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=2, BLOCK_D=4, D_SPLIT=8, window=2 ** 20, cap=2))
     assert not plan.compress_plan(64, 16, P, "cpu").constexprs["ROWS_AT_ONCE"]
     long = Sim(P=P, C=P + extra, lengths=[5 + 61, 40], seed=P + extra)   # long chunks: one-request tiles
     long.step([(0, 5), (1, 17)])
@@ -351,7 +352,7 @@ def test_grid_stride_loop_and_partial_blocks(monkeypatch):
     tiles; results unchanged (bitwise vs oracle). Also checks an explicit empty
     ``launch_options`` dict."""
     from kpool.ops import plan
-    monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=1, BLOCK_D=4, window=2 ** 20, cap=3))
+    monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=1, BLOCK_D=4, D_SPLIT=8, window=2 ** 20, cap=3))
     assert not plan.compress_plan(8, 16, 4, "cpu").constexprs["ROWS_AT_ONCE"]   # the compiled backends' path
     monkeypatch.setitem(plan.TUNING["ring_write"], "cpu", dict(BLOCK_T=2, cap=3))
     sim = Sim(P=4, C=7, lengths=[12, 5, 8], seed=5)

@@ -287,7 +287,7 @@ def test_grid_never_exceeds_65535(hw, backend, monkeypatch):
     kernels = hw.use(backend)
     _expand(70000)                                            # 70000 tiles of one row
     assert _only(kernels, "_expand_kernel")[0] == (65535,)
-    monkeypatch.setitem(plan.TUNING["compress"], backend, dict(BLOCK_J=1, BLOCK_D=16, window=2 ** 20, per_core=1))
+    monkeypatch.setitem(plan.TUNING["compress"], backend, dict(BLOCK_J=1, BLOCK_D=16, D_SPLIT=16, window=2 ** 20, per_core=1))
     _compress(70000 * P)                                      # 70000 tiles of one pool
     assert _only(kernels, "_compress_kernel")[0] == (65535,)
 

@@ -11,7 +11,8 @@ Two ordered launches (§5.4 "launch 2 runs strictly after launch 1"):
 2. :func:`_ring_write_kernel` — the last ``C`` live rows of every request copy their raw
    K and gate bit-exactly into the request's ring (§5.4).
 
-Tiling (``kpool.ops.plan.compress_plan``): a tile is ``BLOCK_J * P`` consecutive token rows.
+Tiling (``kpool.ops.plan.compress_plan``): a tile is ``BLOCK_J * P`` consecutive token rows x
+``D_SPLIT`` channels (in chunks of ``BLOCK_D``).
 When the tile lies inside one request (every prefill tile but the edges), its rows have
 consecutive positions (validation guarantees it), so exactly ``BLOCK_J`` of them complete a
 pool, every ``P``-th from the first: one lane per pool, no idle lanes. Any other tile (request
@@ -60,7 +61,7 @@ def _window_tile(in_ptr, stride_in_t, stride_in_d, tail_ptr, plane_off, w, qs_po
 
 
 @triton.jit
-def _compress_rows(rows, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
+def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
                    positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr, tail_block_table_ptr,
                    num_requests, search_steps, D, page_size, num_slots, ring_capacity, num_tail_blocks,
                    stride_k_t, stride_k_d, stride_gate_t, stride_gate_d, stride_ape_p, stride_ape_d,
@@ -68,8 +69,8 @@ def _compress_rows(rows, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr
                    stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
                    stride_positions, stride_raw, stride_slot, stride_tbt,
                    P: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Compress the pool completed by each of ``rows`` (int32 ``[BLOCK_J]``) that completes one;
-    other lanes are masked (§5.1: a live row at position ``p`` with ``(p + 1) % P == 0`` and a
+    """Compress channels ``[d_first, d_end)`` of the pool completed by each of ``rows`` (int32
+    ``[BLOCK_J]``) that completes one; other lanes are masked (§5.1: a live row at position ``p`` with ``(p + 1) % P == 0`` and a
     compressed slot in range)."""
     live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)
     t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
@@ -98,7 +99,7 @@ def _compress_rows(rows, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr
     ring_base = ring_blk.to(tl.int64) * stride_tail_blk
     in_shift = qs_row - qs_pos
     w0 = p - (P - 1)
-    for d0 in range(0, D, BLOCK_D):
+    for d0 in range(d_first, d_end, BLOCK_D):
         dims = d0 + tl.arange(0, BLOCK_D)
         dmask = dims < D
         # Pass 1: m = sequential max of s_j = gate_j + ape_j.
@@ -158,16 +159,21 @@ def _compress_kernel(
         stride_cache_n, stride_cache_b, stride_cache_d,
         stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
         stride_positions, stride_raw, stride_slot, stride_tbt,
-        P: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr, ROWS_AT_ONCE: tl.constexpr,
-        BLOCK_R: tl.constexpr):
+        P: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr, D_SPLIT: tl.constexpr,
+        ROWS_AT_ONCE: tl.constexpr, BLOCK_R: tl.constexpr):
     """Launch 1 (kpool-algorithm.md §5.1-§5.3). ``cache_ptr`` is an int16 view of the bf16
     compressed cache (bit-exact RNE store); ``tail_ptr`` the fp32 ring (read only)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK_J)
     t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
-    for tile in range(pid, tl.cdiv(num_rows, BLOCK_J * P), nprog):
-        t0 = tile * (BLOCK_J * P)
+    n_chunks = tl.cdiv(D, D_SPLIT)
+    for tile in range(pid, tl.cdiv(num_rows, BLOCK_J * P) * n_chunks, nprog):
+        # tile = (row tile, channel chunk): channels are independent, so small batches (decode)
+        # still spread over several programs.
+        d_first = (tile % n_chunks) * D_SPLIT
+        d_end = tl.minimum(d_first + D_SPLIT, D)
+        t0 = (tile // n_chunks) * (BLOCK_J * P)
         t1 = t0 + (BLOCK_J * P - 1)
         r0 = request_of_rows(t0, cum_query_lens_ptr, num_requests, search_steps)
         r1 = request_of_rows(t1, cum_query_lens_ptr, num_requests, search_steps)
@@ -184,7 +190,7 @@ def _compress_kernel(
             # The interpreter pays per operation, not per lane: every row of the tile in one
             # group (lane = row) is the cheapest there. Compiled backends never trace this.
             rows = t0 + tl.arange(0, BLOCK_R)
-            _compress_rows(tl.where(rows <= t1, rows, num_rows), num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr,
+            _compress_rows(tl.where(rows <= t1, rows, num_rows), d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr,
                            tail_ptr, positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr,
                            tail_block_table_ptr, num_requests, search_steps, D, page_size, num_slots,
                            ring_capacity, num_tail_blocks, stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
@@ -193,7 +199,7 @@ def _compress_kernel(
                            stride_positions, stride_raw, stride_slot, stride_tbt, P, BLOCK_D)
             groups = 0
         for group in range(0, groups):
-            _compress_rows(t0 + first + group + lanes * P, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
+            _compress_rows(t0 + first + group + lanes * P, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
                            positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr,
                            tail_block_table_ptr, num_requests, search_steps, D, page_size, num_slots,
                            ring_capacity, num_tail_blocks, stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,

@@ -50,13 +50,14 @@ heads, head dims and tiles are padded with exact zeros up to this."""
 TUNING: Dict[str, Dict[str, dict]] = {
     # BLOCK_J * BLOCK_D * P <= window: the P window tiles of K and gate stay in registers (no
     # spills on sm_90: tests/test_cuda_compile.py). BLOCK_D=0: next_pow2(D).
-    "compress": {"cuda": dict(BLOCK_J=64, BLOCK_D=32, window=2048, per_core=8, num_warps=4),
-                 "npu": dict(BLOCK_J=64, BLOCK_D=64, window=4096, per_core=1),
-                 "cpu": dict(BLOCK_J=64, BLOCK_D=0, window=2 ** 20, cap=4, rows_at_once=True)},
+    # D_SPLIT: channels per tile (0: all), walked in chunks of BLOCK_D.
+    "compress": {"cuda": dict(BLOCK_J=16, BLOCK_D=32, D_SPLIT=32, window=2048, per_core=8, num_warps=4),
+                 "npu": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=1),
+                 "cpu": dict(BLOCK_J=64, BLOCK_D=0, D_SPLIT=0, window=2 ** 20, cap=4, rows_at_once=True)},
     "ring_write": {"cuda": dict(BLOCK_T=8, per_core=8, num_warps=4),
                    "npu": dict(BLOCK_T=16, per_core=1),
                    "cpu": dict(BLOCK_T=256, cap=4)},
-    "score_decode": {"cuda": dict(BLOCK_N=128, per_core=8, num_warps=4, num_stages=2),
+    "score_decode": {"cuda": dict(BLOCK_N=64, per_core=8, num_warps=4, num_stages=2),
                      "npu": dict(BLOCK_N=64, per_core=1),
                      "cpu": dict(BLOCK_N=0, cap=64)},                  # BLOCK_N=0: whole row (<= 4096)
     "score_prefill": {"cuda": dict(BLOCK_M=64, BLOCK_N=128, per_core=2, num_warps=4, num_stages=3),
@@ -196,9 +197,10 @@ def _make(kernel: str, tiles: int, backend: str, device, constexprs: dict, launc
 def compress_plan(num_rows: int, head_dim: int, index_kpool: int, device, launch_options=None,
               cores: Optional[int] = None) -> LaunchPlan:
     """Launch 1 of the cache update (kpool-algorithm.md §5.1-§5.3): tiles of ``BLOCK_J * P``
-    token rows; a tile inside one request compresses its ``BLOCK_J`` pools (one per lane),
-    any other tile walks its rows in ``P`` groups of ``BLOCK_J``. Channels in chunks of
-    ``BLOCK_D``. Sized by ``T`` (host), never by the live rows (device data)."""
+    token rows x ``D_SPLIT`` channels (tile ``i``: row tile ``i // cdiv(D, D_SPLIT)``, channel
+    chunk ``i % cdiv(D, D_SPLIT)``); a tile inside one request compresses its ``BLOCK_J`` pools
+    (one per lane), any other tile walks its rows in ``P`` groups of ``BLOCK_J``. Channels in
+    chunks of ``BLOCK_D``. Sized by ``T`` (host), never by the live rows (device data)."""
     backend = backend_of(device)
     tune = TUNING["compress"][backend]
     block_d = min(tune["BLOCK_D"] or next_pow2(head_dim), next_pow2(head_dim))
@@ -207,9 +209,12 @@ def compress_plan(num_rows: int, head_dim: int, index_kpool: int, device, launch
     if backend == "cpu":   # the interpreter pays per op: one tile per few rows, shrunk to T
         block_j = max(1, min(block_j, next_pow2(cdiv(num_rows, index_kpool))))
     rows_per_tile = block_j * index_kpool
-    return _make("compress", cdiv(num_rows, rows_per_tile), backend, device,
-                 dict(P=int(index_kpool), BLOCK_J=block_j, BLOCK_D=block_d, ROWS_AT_ONCE=bool(tune.get("rows_at_once", False)),
-                      BLOCK_R=next_pow2(rows_per_tile)), launch_options, cores)
+    d_split = max(block_d, min(tune.get("D_SPLIT") or next_pow2(head_dim), next_pow2(head_dim)))
+    d_split = -(-d_split // block_d) * block_d
+    return _make("compress", cdiv(num_rows, rows_per_tile) * cdiv(head_dim, d_split), backend, device,
+                 dict(P=int(index_kpool), BLOCK_J=block_j, BLOCK_D=block_d, D_SPLIT=d_split,
+                      ROWS_AT_ONCE=bool(tune.get("rows_at_once", False)), BLOCK_R=next_pow2(rows_per_tile)),
+                 launch_options, cores)
 
 
 def ring_write_plan(num_rows: int, head_dim: int, device, launch_options=None,
