@@ -14,7 +14,7 @@ tile. They describe the launch; they never change it, and they read no private a
 * ring write (launch 2): tiles of ``BLOCK_T`` token rows;
 * scoring, ``ops/score.py``: per score chunk (``kpool.indexer`` splits the rows into chunks of the
   key scratch; each chunk is its own launches), the decode kernel (requests of at most
-  ``DECODE_ROWS`` rows: tile = request x ``BLOCK_N`` pools) or the prefill kernel (tile = one
+  ``DECODE_ROWS`` rows: tile = request x a segment of its ``BLOCK_N``-pool blocks) or the prefill kernel (tile = one
   request's block of ``BLOCK_M`` rows, blocks aligned to the request start, x ``BLOCK_N`` pools);
 * expansion, ``ops/expand.py``: tiles of ``BLOCK_ROWS`` rows x ``BLOCK_COLS`` output columns.
 """
@@ -122,8 +122,9 @@ def score_program(row: int, pool: int, *, num_live: int, max_pool_seq_len: int, 
     heads = 3 if score_mode == "merged" else num_heads
     if cum[r] - q_lo <= plan.DECODE_ROWS:
         launch = plan.score_decode_plan(len(cum), max_pool_seq_len, heads, head_dim, on)
-        n_pb = -(-max_pool_seq_len // launch.constexprs["BLOCK_N"])
-        return chunk, launch.program_of_tile(r * n_pb + int(pool) // launch.constexprs["BLOCK_N"])
+        segments = plan.decode_segments(launch, len(cum), max_pool_seq_len)
+        per = -(-(-(-max_pool_seq_len // launch.constexprs["BLOCK_N"])) // segments)
+        return chunk, launch.program_of_tile(r * segments + int(pool) // launch.constexprs["BLOCK_N"] // per)
     launch = plan.score_prefill_plan(n, len(cum), T, max_pool_seq_len, head_dim, on)
     bm, bn = launch.constexprs["BLOCK_M"], launch.constexprs["BLOCK_N"]
     blocks, block_of = 0, {}

@@ -237,16 +237,27 @@ def _pool_block(tune: dict, max_pool_seq_len: int) -> int:
 def score_decode_plan(num_requests: int, max_pool_seq_len: int, num_heads: int, head_dim: int, device,
                       launch_options=None,
               cores: Optional[int] = None) -> LaunchPlan:
-    """Decode/MTP scoring (kpool-algorithm.md §4.1-§4.3): one tile = one request x ``BLOCK_N``
-    pools; each of the request's rows (at most :data:`DECODE_ROWS`) scores the key tile with one
-    ``tl.dot`` of ``[BLOCK_N, DP] x [DP, HP]`` (heads padded to ``HP``, dims to ``DP``)."""
+    """Decode/MTP scoring (kpool-algorithm.md §4.1-§4.3): a tile is one request x a segment of
+    its ``BLOCK_N``-pool blocks (``decode_segments``: one tile per program when
+    the grid allows); each of the request's rows (at most :data:`DECODE_ROWS`) scores each key
+    tile with one ``tl.dot`` of ``[BLOCK_N, DP] x [DP, HP]`` (heads padded to ``HP``, dims to
+    ``DP``). ``tiles``: the upper bound, one pool block per tile."""
     backend = backend_of(device)
     block_n = _pool_block(TUNING["score_decode"][backend], max_pool_seq_len)
-    tiles = num_requests * cdiv(max_pool_seq_len, block_n)
+    tiles = num_requests * cdiv(max_pool_seq_len, block_n)        # at most one pool block per tile
     return _make("score_decode", tiles, backend, device,
                  dict(BLOCK_N=block_n, HP=max(MIN_DOT, next_pow2(num_heads)),
                       DP=max(MIN_DOT, next_pow2(head_dim)), DECODE_ROWS=DECODE_ROWS,
                       DOT_F32=backend == "cpu"), launch_options, cores)
+
+
+def decode_segments(decode: LaunchPlan, num_requests: int, max_pool_seq_len: int) -> int:
+    """Segments of each request's pool blocks in the decode kernel (host ints only): enough
+    (request, segment) tiles for one per program of the plan's grid, each at least one block.
+    Tile ``r * segments + s`` scores request ``r``'s blocks ``[s * per, (s + 1) * per)``,
+    ``per = cdiv(blocks, segments)``."""
+    blocks = cdiv(max_pool_seq_len, decode.constexprs["BLOCK_N"])
+    return max(1, min(blocks, decode.grid // max(1, num_requests)))
 
 
 def score_prefill_plan(num_rows: int, num_requests: int, total_rows: int, max_pool_seq_len: int, head_dim: int,

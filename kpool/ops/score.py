@@ -22,10 +22,10 @@ Two tilings of one computation (``kpool.ops.plan``), chosen per request from its
 length, so a row's bits never depend on the rest of the batch, the chunking or the padding:
 
 * :func:`_score_decode_kernel` (requests of at most ``DECODE_ROWS`` rows: decode, MTP verify):
-  a tile is one request x ``BLOCK_N`` pools; the ``[BLOCK_N, D]`` key tile (each pool row is D
-  contiguous bf16: coalesced) is loaded once and every row of the request does one
-  ``[BLOCK_N, DP] x [DP, HP]`` dot, then ReLU, head weights and the head sum (a tree over the
-  padded heads) in the epilogue.
+  a tile is one request x a segment of its pool blocks; for each row of the request the
+  ``[BLOCK_N, D]`` key tiles (each pool row is D contiguous bf16: coalesced) stream through an
+  inner, pipelined loop, each scored with one ``[BLOCK_N, DP] x [DP, HP]`` dot, then ReLU, head
+  weights and the head sum (a tree over the padded heads) in the epilogue.
 * :func:`_score_prefill_kernel` (longer requests): a tile is ``BLOCK_M`` rows x ``BLOCK_N``
   pools; one ``[BLOCK_M, DP] x [DP, BLOCK_N]`` dot per head reuses the key tile, accumulating
   ``w_h * relu(.)`` in head order; a row block spanning several requests loops over them.
@@ -117,7 +117,7 @@ def _store_keys(key_ptrs, pools, key_hi, mask):
     tl.store(key_ptrs, key, mask=mask)
 
 
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+@triton.jit(do_not_specialize=_NO_SPECIALIZE + ["num_segments"])
 def _score_decode_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
     weights_ptr, stride_w_t, stride_w_h,
@@ -125,62 +125,65 @@ def _score_decode_kernel(
     positions_ptr, cum_query_lens_ptr, seq_lens_ptr, num_requests,
     block_table_ptr, stride_bt_r, stride_bt_m, bt_width,
     keys_ptr, stride_keys_t,
-    row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr,
+    row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, num_segments,
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, MODE: tl.constexpr, W_BF16: tl.constexpr,
     WIDE: tl.constexpr, VQ: tl.constexpr, VC: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr,
     BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """Keys of the rows ``[row_start, row_start + num_rows)`` that belong to decode-sized
-    requests; tile = (request, block of ``BLOCK_N`` pools). ``keys_ptr``: the int64
+    requests. Tile = (request, segment of its pool blocks): the request's metadata and each
+    row's query are loaded once, then the pool blocks stream through an inner loop the compiler
+    can pipeline (block table, key tile, dot, epilogue, store). ``keys_ptr``: the int64
     ``[num_rows, max_pool_seq_len]`` scratch; q and the cache: bf16 (int16 bits when DOT_F32)
     storage starts, offsets and outer strides in units of VQ / VC elements."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n_pool_blocks = tl.cdiv(max_pool_seq_len, BLOCK_N)
+    per_segment = tl.cdiv(n_pool_blocks, num_segments)
     heads = tl.arange(0, HP)
     dims = tl.arange(0, DP)
     offs_n = tl.arange(0, BLOCK_N)
     chunk_end = row_start + num_rows
     t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
-    for tile in range(pid, num_requests * n_pool_blocks, nprog):
-        r = tile // n_pool_blocks
-        pb = tile - r * n_pool_blocks
+    for tile in range(pid, num_requests * num_segments, nprog):
+        r = tile // num_segments
+        segment = tile - r * num_segments
         q_lo = tl.load(cum_query_lens_ptr + r - 1, mask=r > 0, other=0)
         q_hi = tl.load(cum_query_lens_ptr + r)
         lo = tl.maximum(q_lo, row_start)
         hi = tl.minimum(tl.minimum(q_hi, chunk_end), t_live)
         if (q_hi - q_lo <= DECODE_ROWS) & (lo < hi):
-            pools = pb * BLOCK_N + offs_n
             pools_of_req = tl.load(seq_lens_ptr + r)
-            # Positions ascend within a request: its last row sees the most pools.
-            vis_last = visible_pools(tl.load(positions_ptr + hi - 1).to(tl.int32), pools_of_req, P)
-            load_ok = pools < vis_last
-            cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset,
-                               stride_cache_n, stride_cache_b, stride_bt_r, stride_bt_m, bt_width, WIDE, VC)
-            key_tile = load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d,
-                                         load_ok[:, None] & (dims < D)[None, :], DOT_F32)     # [BLOCK_N, DP]
-            in_row = pools < max_pool_seq_len
+            pb_first = segment * per_segment
+            pb_end = tl.minimum(pb_first + per_segment, n_pool_blocks)
             for i in range(0, hi - lo):
                 t = lo + i                      # (a tensor on every backend: the interpreter's range yields ints)
                 vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
                 q_t = load_bf16_operand(q_ptr + (q_offset + t.to(tl.int64) * stride_q_t) * VQ
                                         + heads[None, :] * (stride_q_h * VQ) + dims[:, None] * stride_q_d,
                                         (dims < D)[:, None] & (heads < H)[None, :], DOT_F32)  # [DP, HP]
-                s = tl.dot(key_tile, q_t, input_precision="ieee")                           # [BLOCK_N, HP]
                 w = load_f32(weights_ptr + t.to(tl.int64) * stride_w_t + heads * stride_w_h, heads < H, W_BF16)
-                if MODE == 0:   # w * relu(s), bit for bit (see the prefill kernel)
-                    term = tl.where(s < 0, (w * 0.0)[None, :], w[None, :] * s)
-                else:
-                    term = w[None, :] * s
-                # Head sum in tree order (certified, parity-contract.md §3.2); padded heads by
-                # where, not by a zero weight (0 * NaN is NaN).
-                score = tl.sum(tl.where((heads < H)[None, :], term, 0.0), axis=1)
-                if MODE == 1:
-                    if _merged_needs_exact(key_tile, nonfinite_ptr + t + tl.arange(0, 1), DOT_F32):
-                        score = _merged_exact(qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr, cells, load_ok,
-                                              stride_cache_d, D, DOT_F32)
-                key_ptrs = keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t + pools
-                _store_keys(key_ptrs, pools, score_key_hi(score, pools >= vis), in_row)
+                key_row = keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t
+                for pb in range(pb_first, pb_end):
+                    pools = pb * BLOCK_N + offs_n
+                    load_ok = pools < vis
+                    cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset,
+                                       stride_cache_n, stride_cache_b, stride_bt_r, stride_bt_m, bt_width, WIDE, VC)
+                    key_tile = load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d,
+                                                 load_ok[:, None] & (dims < D)[None, :], DOT_F32)  # [BLOCK_N, DP]
+                    s = tl.dot(key_tile, q_t, input_precision="ieee")                       # [BLOCK_N, HP]
+                    if MODE == 0:   # w * relu(s), bit for bit (see the prefill kernel)
+                        term = tl.where(s < 0, (w * 0.0)[None, :], w[None, :] * s)
+                    else:
+                        term = w[None, :] * s
+                    # Head sum in tree order (certified, parity-contract.md §3.2); padded heads by
+                    # where, not by a zero weight (0 * NaN is NaN).
+                    score = tl.sum(tl.where((heads < H)[None, :], term, 0.0), axis=1)
+                    if MODE == 1:
+                        if _merged_needs_exact(key_tile, nonfinite_ptr + t + tl.arange(0, 1), DOT_F32):
+                            score = _merged_exact(qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr, cells,
+                                                  load_ok, stride_cache_d, D, DOT_F32)
+                    _store_keys(key_row + pools, pools, score_key_hi(score, pools >= vis), pools < max_pool_seq_len)
 
 
 @triton.jit(do_not_specialize=["num_requests", "search_steps", "row_start", "num_rows"])
@@ -466,7 +469,8 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
             c_base, c_off, sc_n, sc_b, compressed_cache.stride(3), N, B, positions, cum_query_lens, seq_lens, R,
             block_table, block_table.stride(0), block_table.stride(1), block_table.shape[1],
             keys, keys.stride(0), row_start, num_rows, max_pool_seq_len, qbar, qbar.stride(0), nonfinite)
-    _score_decode_kernel[(decode.grid,)](*args, **common, **decode.constexprs, **decode.options)
+    _score_decode_kernel[(decode.grid,)](*args, launch_plan.decode_segments(decode, R, max_pool_seq_len), **common,
+                                         **decode.constexprs, **decode.options)
     steps = R.bit_length()
     block_ends = torch.empty(R + 2, dtype=torch.int32, device=q.device)
     _prefill_blocks_kernel[(1,)](cum_query_lens, block_ends, R, steps, row_start, num_rows,
