@@ -47,17 +47,18 @@ heads, head dims and tiles are padded with exact zeros up to this."""
 
 # Tunables per (kernel, backend). Results are bitwise independent of all of them (they pick
 # tiles and programs, never an operation order inside a cell); a benchmark may change them.
+# The CUDA values are the fastest of the variants measured on an H200 (docs/kernels.md).
 TUNING: Dict[str, Dict[str, dict]] = {
     # BLOCK_J * BLOCK_D * P <= window: the P window tiles of K and gate stay in registers (no
     # spills on sm_90: tests/test_cuda_compile.py). BLOCK_D=0: next_pow2(D).
     # D_SPLIT: channels per tile (0: all), walked in chunks of BLOCK_D.
-    "compress": {"cuda": dict(BLOCK_J=16, BLOCK_D=32, D_SPLIT=32, window=2048, per_core=8, num_warps=4),
+    "compress": {"cuda": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=4, num_warps=8),
                  "npu": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=1),
                  "cpu": dict(BLOCK_J=64, BLOCK_D=0, D_SPLIT=0, window=2 ** 20, cap=4, rows_at_once=True)},
     "ring_write": {"cuda": dict(BLOCK_T=8, per_core=8, num_warps=4),
                    "npu": dict(BLOCK_T=16, per_core=1),
                    "cpu": dict(BLOCK_T=256, cap=4)},
-    "score_decode": {"cuda": dict(BLOCK_N=64, per_core=8, num_warps=4, num_stages=2),
+    "score_decode": {"cuda": dict(BLOCK_N=128, per_core=8, num_warps=4, num_stages=2),
                      "npu": dict(BLOCK_N=64, per_core=1),
                      "cpu": dict(BLOCK_N=0, cap=64)},                  # BLOCK_N=0: whole row (<= 4096)
     "score_prefill": {"cuda": dict(BLOCK_M=64, BLOCK_N=128, per_core=2, num_warps=4, num_stages=3),
