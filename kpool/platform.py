@@ -21,7 +21,8 @@ import torch
 from .errors import KPoolUnsupportedError
 
 DEVICES = ("npu", "cuda", "cpu")
-_KERNEL_MODULES = ("kpool.ops.compress", "kpool.ops.score", "kpool.ops.expand", "kpool.ops.indexer")
+_KERNEL_MODULES = ("kpool.ops.compress", "kpool.ops.score", "kpool.ops.merged", "kpool.ops.expand",
+                   "kpool.ops.indexer")
 
 
 def _npu_available() -> bool:

@@ -32,7 +32,8 @@ class BenchCase:
         kwargs: complete keyword arguments of ``kpool.indexer.forward`` (``validate`` excluded).
         caches: ``(compressed_cache, tail_cache)`` to restore between timed runs (not needed: a
             forward rewrites the same slots with the same values).
-        bytes: minimal DRAM traffic (cache rows read, q, weights, k/gate, caches written, output).
+        bytes: minimal DRAM traffic (each request's pooled keys once, q, weights, k/gate, caches
+            written, output): :func:`cost`.
         flops: ``2 * H * D`` per scored (row, visible pool), or the pooling's 6 per element.
         queries: ``(qlen, context)`` per request, for the eager implementation.
     """
@@ -83,14 +84,23 @@ def build_case(name: str, description: str, queries: List[Tuple[int, int]], devi
                   compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
                   index_topk=config.index_topk, index_kpool=P, score_mode=config.score_mode,
                   pack_tail=config.pack_tail, compute_topk=compute_topk, **meta.forward_kwargs())
-    visible = _pools_per_row(queries, P)
+    nbytes, flops = cost(queries, config, compute_topk)
+    return BenchCase(name, description, config, kwargs, nbytes, flops, list(queries))
+
+
+def cost(queries: List[Tuple[int, int]], config: KPoolConfig, compute_topk: bool = True) -> Tuple[float, float]:
+    """``(bytes, flops)`` of one forward: the minimal DRAM traffic (each request's pooled keys read
+    once, k/gate read, completed pools and ring rows written, q/weights read and the index rows
+    written) and ``2 H D`` FLOPs per scored (row, visible pool) (6 per element for a cache-only
+    update)."""
+    H, D, P = config.index_n_heads, config.index_head_dim, config.index_kpool
+    T = sum(q for q, _ in queries)
     completed = sum(context // P - (context - qlen) // P for qlen, context in queries)
-    cache_bytes = D * 2 * sum(visible) if compute_topk else 0
+    cache_bytes = D * 2 * sum(context // P for _, context in queries) if compute_topk else 0
     io_bytes = T * D * 4 * 2 + completed * D * 2 + min(T, len(queries) * config.ring_capacity) * D * 8
     topk_bytes = T * (H * D * 2 + H * 4 + config.output_width * 4) if compute_topk else 0
-    flops = 2.0 * H * D * sum(visible) if compute_topk else 6.0 * T * D
-    return BenchCase(name, description, config, kwargs, float(cache_bytes + io_bytes + topk_bytes), flops,
-                     list(queries))
+    flops = 2.0 * H * D * sum(_pools_per_row(queries, P)) if compute_topk else 6.0 * T * D
+    return float(cache_bytes + io_bytes + topk_bytes), flops
 
 
 def standard_cases(device, *, small: bool = False) -> List[Callable[[], BenchCase]]:

@@ -188,9 +188,9 @@ def benchmark():
 
 
 def registers():
-    from kpool.ops import compress, expand, score
+    from kpool.ops import compress, expand, merged, score
     found = []
-    for mod in (compress, score, expand):
+    for mod in (compress, score, merged, expand):
         for name in dir(mod):
             fn = getattr(mod, name)
             caches = getattr(fn, "device_caches", None)

@@ -86,7 +86,7 @@ def compile_for_sm90(fn, constexprs, *, pointers=None, options=None):
 def _combos():
     """``(label, kernel, constexprs, pointer overrides, options)`` of every compile: each kernel
     at the tiles the launch plans use on CUDA, and the small/odd shapes of the CPU suites."""
-    from kpool.ops import compress, expand, plan, score
+    from kpool.ops import compress, expand, merged, plan, score
     cuda = plan.TUNING
     for P, D in [(4, 16), (4, 128), (1, 16), (8, 64)]:
         tiles = plan.compress_plan(1000, D, P, "cuda", cores=132).constexprs
@@ -110,7 +110,7 @@ def _combos():
                dict(common, BLOCK_M=pre["BLOCK_M"], BLOCK_N=pre["BLOCK_N"]), w,
                {"num_warps": pre["num_warps"], "num_stages": pre["num_stages"]})
     for H, D, wbf16 in [(32, 128, True), (2, 16, False)]:
-        yield (f"merge_heads H={H} D={D}", score._merge_heads_kernel,
+        yield (f"merge_heads H={H} D={D}", merged._merge_heads_kernel,
                {"H": H, "D": D, "DP": plan.next_pow2(D), "W_BF16": wbf16,
                 "BLOCK_ROWS": cuda["merge_heads"]["cuda"]["BLOCK_ROWS"]},
                {"q_ptr": "*i16", "split_ptr": "*i16", "unit_ptr": "*fp32", "qbar_ptr": "*fp32",

@@ -33,6 +33,7 @@ from kpool import hardware  # noqa: E402
 from kpool.hardware import HardwareProfile  # noqa: E402
 from kpool.ops import compress as cm  # noqa: E402
 from kpool.ops import expand as ex  # noqa: E402
+from kpool.ops import merged as mg  # noqa: E402
 from kpool.ops import plan  # noqa: E402
 from kpool.ops import score as sc  # noqa: E402
 
@@ -44,7 +45,7 @@ PROFILES = {"A2": HardwareProfile("npu", "A2", 223, "Ascend910B3"),
             "A3": HardwareProfile("npu", "A3", 250, "Ascend910_9392"),
             "A5": HardwareProfile("npu", "A5", 260, "Ascend950PR")}
 KERNELS = ((cm, "_compress_kernel"), (cm, "_ring_write_kernel"), (sc, "_score_decode_kernel"),
-           (sc, "_prefill_blocks_kernel"), (sc, "_score_prefill_kernel"), (sc, "_merge_heads_kernel"),
+           (sc, "_prefill_blocks_kernel"), (sc, "_score_prefill_kernel"), (mg, "_merge_heads_kernel"),
            (ex, "_expand_kernel"))
 
 

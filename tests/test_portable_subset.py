@@ -6,8 +6,6 @@ place NPU-only launch options may live (``kpool/platform.py:launch_options``). E
 has a negative test on an inline source that violates it, so the check can fail, and a fixed
 twin that must pass, so it does not over-report.
 """
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
 
@@ -17,18 +15,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _load_portability():
-    # By path: tools/ is not an installed package.
-    name = "_kpool_tools_portability"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "portability.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses need the module registered while it executes
-    spec.loader.exec_module(module)
-    return module
+    # tools/ is a lint package beside the runtime ones (the repository root is on sys.path).
+    from tools import launch_options, portability
+    return portability, launch_options
 
 
-P = _load_portability()
+P, L = _load_portability()
 KERNEL_FILES = sorted((REPO / "kpool" / "ops").rglob("*.py"))
 KPOOL_FILES = sorted(p for p in (REPO / "kpool").rglob("*.py") if p.name != "platform.py")
 
@@ -68,7 +60,7 @@ def test_npu_options_only_in_platform(path):
 
 def test_platform_launch_options_branches():
     source = (REPO / "kpool" / "platform.py").read_text(encoding="utf-8")
-    assert P.check_launch_options(source, "kpool/platform.py") == []
+    assert L.check_launch_options(source, "kpool/platform.py") == []
 
 
 def test_kernel_files_listed():
@@ -304,11 +296,11 @@ def launch_options(device: str) -> dict:
 
 
 def test_launch_options_reference_shape_passes():
-    assert P.check_launch_options(GOOD_PLATFORM) == []
-    assert P.check_launch_options(GOOD_PLATFORM.replace('device == "npu"', '"npu" == device')) == []
+    assert L.check_launch_options(GOOD_PLATFORM) == []
+    assert L.check_launch_options(GOOD_PLATFORM.replace('device == "npu"', '"npu" == device')) == []
     kwargs_form = GOOD_PLATFORM.replace('{"num_warps": 4, "enable_fp_fusion": False}',
                                         'dict(num_warps=4, enable_fp_fusion=False)')
-    assert P.check_launch_options(kwargs_form) == []
+    assert L.check_launch_options(kwargs_form) == []
 
 
 @pytest.mark.parametrize("source, needle", [
@@ -324,6 +316,6 @@ def test_launch_options_reference_shape_passes():
 ], ids=["npu-key-in-cuda", "fp-fusion-true", "fp-fusion-missing", "module-level-npu-dict",
         "npu-kwarg-elsewhere", "no-npu-branch", "no-cuda-branch", "no-function"])
 def test_launch_options_violations(source, needle):
-    found = P.check_launch_options(source)
+    found = L.check_launch_options(source)
     assert found and all(v.rule == "launch-options" for v in found)
     assert any(needle in v.message for v in found), [str(v) for v in found]

@@ -15,7 +15,7 @@ import pytest
 
 os.environ.setdefault("KPOOL_DEVICE", "cpu")
 
-from kpool.ops import compress, expand, plan, score  # noqa: E402
+from kpool.ops import compress, expand, merged, plan, score  # noqa: E402
 
 # Integer arguments that stay specialized: head dims and unit inner strides (constant in practice).
 SPECIALIZED_INTS = {
@@ -38,7 +38,7 @@ UNALIGNED_POINTERS = {
     "_score_prefill_kernel": set(),
     "_expand_kernel": {"out_ptr"},
 }
-MODULES = (compress, score, expand)
+MODULES = (compress, score, merged, expand)
 KERNELS = {name: next(getattr(m, name) for m in MODULES if hasattr(m, name)) for name in SPECIALIZED_INTS}
 
 

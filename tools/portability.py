@@ -9,50 +9,10 @@ CUDA and the CPU interpreter, and reproduce ``reference/numerics.py`` bit for bi
 breaking that are visible in the source, so this module parses it (``ast``, no import, no
 Triton needed) and reports each construct that is outside the subset.
 
-Rules (``Violation.rule``):
-
-``extra-libdevice``
-    ``libdevice``, ``tl.extra.*`` / ``triton.language.extra`` (incl. ``tl.extra.cann``) anywhere.
-``sort-topk``
-    ``tl.sort``, ``tl.topk`` (and tensor methods ``.sort()``/``.topk()`` in jit code): not
-    proven on triton-ascend 3.2 (dtype gaps, §1.5).
-``tf32``
-    keyword ``allow_tf32``, or ``input_precision`` = ``"tf32"``/``"tf32x3"``/``"hf32"``/``"bf16x3"``/``"bf16x6"``.
-``dot-precision``
-    ``tl.dot`` without a literal ``input_precision="ieee"``; ``tl.dot_scaled`` at all.
-``dot-accumulator``
-    ``tl.dot`` with an ``out_dtype`` other than ``tl.float32`` or with ``max_num_imprecise_acc``:
-    products are accumulated in full fp32 (parity-contract.md §3.2 certifies the order, not a
-    narrower accumulator; ``out_dtype=bfloat16`` is rejected on Ascend).
-``dot-interpreter``
-    ``tl.dot`` in a function without a ``DOT_F32`` parameter (a ``tl.constexpr`` the launcher
-    sets per backend): the Triton interpreter's bf16 dot returns garbage (bf16 is stored as
-    uint16 there), so under the interpreter the operands must be widened to fp32 for an IEEE
-    fp32 dot, and compiled backends use bf16 operands; a kernel that cannot switch is wrong on
-    one of the legs.
-``inline-asm``
-    ``tl.inline_asm_elementwise`` (any name containing ``inline_asm``).
-``npu-option``
-    NPU-only launch/compile options (``NPUOptions`` fields of §1.4 such as ``multibuffer``,
-    ``force_simt_only``) and Ascend-only kwargs ``care_padding``/``propagate_nan``, as keyword
-    arguments, exact string constants (dict keys) or attribute/variable names. They belong in
-    ``kpool/platform.py``'s ``launch_options`` (see :func:`check_launch_options`).
-``reduction``
-    ``tl.max``/``tl.min`` (and jit-code methods ``.sum()``/``.max()``/``.min()``): tree order is
-    backend-specific; ``tl.sum`` is allowed only as ``tl.sum(tl.where(...), ...)``, the
-    select-one-element idiom (see :func:`sum_calls`).
-``bf16-rounding``
-    ``.to(tl.bfloat16)`` / ``.cast(tl.bfloat16)`` / ``tl.cast(x, tl.bfloat16)`` with no call to
-    ``round_to_bf16_bits`` in the same statement or the same function: the interpreter truncates
-    on fp32 -> bf16 conversion, so values must be RNE-rounded on int32 bits first. A bit cast
-    (``bitcast=True``: int16 bits reinterpreted as bf16) rounds nothing and is allowed.
-``transcendental``
-    ``tl.exp/exp2/log/log2/sqrt/sqrt_rn/rsqrt/sigmoid/softmax/sin/cos/erf/fma`` (libm-dependent
-    or fused; the kernels use the software ``exp_fp32``), also as jit-code tensor methods.
-``float-division``
-    the ``/`` operator (``ast.Div``, also ``/=``) inside a ``@triton.jit`` function, and
-    ``tl.fdiv``/``tl.math.div_rz``-style non-RN divisions anywhere: every fp32 division must be
-    ``tl.math.div_rn`` (``//`` on ints is fine).
+Rules (``Violation.rule``, :data:`RULES`): ``extra-libdevice``, ``sort-topk``, ``tf32``,
+``dot-precision``, ``dot-accumulator``, ``dot-interpreter``, ``inline-asm``, ``npu-option``,
+``reduction``, ``bf16-rounding``, ``transcendental``, ``float-division``; what each rejects and
+why: docs/portable-subset.md "Checker rules".
 
 Suppression: a comment ``# portable-ok: <rule>[, <rule>] -- <reason>`` on the line a violation
 is reported at silences exactly those rules on that line (e.g. an exact int32 ``tl.max`` used
@@ -72,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-__all__ = ["Violation", "RULES", "NPU_ONLY_OPTIONS", "check_portable_subset", "check_launch_options",
-           "sum_calls", "suppressions", "check_tree"]
+__all__ = ["Violation", "RULES", "NPU_ONLY_OPTIONS", "check_portable_subset", "sum_calls", "suppressions",
+           "check_tree"]
 
 RULES = ("extra-libdevice", "sort-topk", "tf32", "dot-precision", "dot-accumulator", "dot-interpreter",
          "inline-asm", "npu-option", "reduction", "bf16-rounding", "transcendental", "float-division")
@@ -346,8 +306,8 @@ class _Checker(ast.NodeVisitor):
         ok = isinstance(first, ast.Call) and self.tl_name(first.func) == "where"
         self.sums.append((node.lineno, ok))
         if not ok:
-            self.report("reduction", node, "tl.sum is allowed only as tl.sum(tl.where(...)) "
-                        "(exact select-one-element idiom); use an explicit loop")
+            self.report("reduction", node, "tl.sum is allowed only over tl.where(...) (a one-element select, an "
+                        "exact integer sum or a certified-order score sum); else use an explicit loop")
 
     def check_method(self, node: ast.Call) -> None:
         attr = node.func.attr
@@ -453,86 +413,6 @@ def sum_calls(source: str, filename: str = "<string>") -> List[Tuple[int, bool]]
     return sorted(checker.sums)
 
 
-def _is_device_branch(test: ast.AST, device: str) -> bool:
-    """``device == "<device>"`` (either operand order)."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    return (any(isinstance(s, ast.Name) and s.id == "device" for s in sides)
-            and any(isinstance(s, ast.Constant) and s.value == device for s in sides))
-
-
-def _npu_mentions(tree: ast.AST) -> List[Tuple[ast.AST, str]]:
-    """(node, option) for each NPU-only option named by a keyword, exact string, attribute or name."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg in NPU_ONLY_OPTIONS:
-            found.append((node.value, node.arg))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in NPU_ONLY_OPTIONS:
-            found.append((node, node.value))
-        elif isinstance(node, ast.Attribute) and node.attr in NPU_ONLY_OPTIONS:
-            found.append((node, node.attr))
-        elif isinstance(node, ast.Name) and node.id in NPU_ONLY_OPTIONS:
-            found.append((node, node.id))
-    return found
-
-
-def _sets_fp_fusion_off(body: List[ast.stmt]) -> bool:
-    """The branch sets ``enable_fp_fusion`` to the literal ``False`` (dict key or keyword)."""
-    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
-        if isinstance(node, ast.Dict):
-            for key, value in zip(node.keys, node.values):
-                if (isinstance(key, ast.Constant) and key.value == "enable_fp_fusion"
-                        and isinstance(value, ast.Constant) and value.value is False):
-                    return True
-        if isinstance(node, ast.keyword) and node.arg == "enable_fp_fusion":
-            if isinstance(node.value, ast.Constant) and node.value.value is False:
-                return True
-    return False
-
-
-def check_launch_options(source: str, filename: str = "kpool/platform.py") -> List[Violation]:
-    """Check the one place NPU-only options may live (platform-numerics.md §1.4, §6.2).
-
-    ``source`` must define a module-level ``launch_options`` function with an ``if device ==
-    "cuda"`` branch that sets ``enable_fp_fusion`` to ``False`` (no FMA contraction: bit parity)
-    and names no NPU-only option, and an ``if device == "npu"`` branch; every NPU-only option
-    (:data:`NPU_ONLY_OPTIONS`) anywhere in the module must sit inside that npu branch.
-
-    Returns:
-        ``"launch-options"`` violations (empty when all holds), or one ``"syntax"`` violation.
-    """
-    tree, errors = _parse(source, filename)
-    if tree is None:
-        return errors
-    out: List[Violation] = []
-
-    def bad(node, message):
-        out.append(Violation("launch-options", filename, getattr(node, "lineno", 0),
-                             getattr(node, "col_offset", 0), message))
-
-    func = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "launch_options"), None)
-    if func is None:
-        bad(tree, "no module-level function launch_options")
-        return out
-    branches = {dev: [n for n in ast.walk(func) if isinstance(n, ast.If) and _is_device_branch(n.test, dev)]
-                for dev in ("npu", "cuda")}
-    allowed: Set[int] = set()
-    for branch in branches["npu"]:
-        for stmt in branch.body:
-            allowed.update(id(n) for n in ast.walk(stmt))
-    for node, label in _npu_mentions(tree):
-        if id(node) not in allowed:
-            bad(node, f"NPU-only option {label!r} outside launch_options' device == \"npu\" branch")
-    if not branches["npu"]:
-        bad(func, "launch_options has no `if device == \"npu\"` branch")
-    if not branches["cuda"]:
-        bad(func, "launch_options has no `if device == \"cuda\"` branch")
-    elif not any(_sets_fp_fusion_off(b.body) for b in branches["cuda"]):
-        bad(branches["cuda"][0], "the cuda branch of launch_options does not set enable_fp_fusion=False")
-    return sorted(out, key=lambda v: (v.line, v.col, v.message))
-
-
 def check_tree(root: Path, package: str = "kpool/ops") -> List[Violation]:
     """:func:`check_portable_subset` over every ``*.py`` under ``root/package`` (recursive).
 
@@ -547,6 +427,9 @@ def check_tree(root: Path, package: str = "kpool/ops") -> List[Violation]:
 
 if __name__ == "__main__":  # python tools/portability.py [ROOT]: print violations, exit 1 if any
     import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tools.launch_options import check_launch_options
 
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     found = check_tree(root) + check_launch_options((root / "kpool/platform.py").read_text(), "kpool/platform.py")

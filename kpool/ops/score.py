@@ -45,13 +45,11 @@ import triton.language as tl
 
 from ..errors import KPoolConfigError, KPoolDtypeError, KPoolShapeError
 from . import plan as launch_plan
-from ._portable import (KEY_LOWEST, KEY_LOWEST_C, bf16_bits_to_f32, load_bf16_operand, load_f32,
-                        request_of_rows, score_key_hi, split_bf16x3, visible_pools)
+from ._portable import (KEY_LOWEST, KEY_LOWEST_C, load_bf16_operand, load_f32, request_of_rows, score_key_hi,
+                        visible_pools)
+from .merged import merged_exact, merged_heads, merged_needs_exact
 
 SCORE_MODES = {"relu": 0, "merged": 1}
-TINY_QBAR = tl.constexpr(2.0 ** -46)
-QBAR_SCALE = tl.constexpr(2.0 ** 64)
-QBAR_UNSCALE = tl.constexpr(2.0 ** -64)
 
 _NO_SPECIALIZE = ["q_offset", "stride_q_t", "stride_q_h", "stride_w_t", "stride_w_h", "cache_offset",
                   "stride_cache_n", "stride_cache_b", "num_pages", "page_size", "num_requests", "stride_bt_r",
@@ -79,34 +77,6 @@ def _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_o
                 + ((pools % page_size) * stride_cache_b).to(tl.int64)) * VC
     else:
         return (cache_offset + page * stride_cache_n + (pools % page_size) * stride_cache_b) * VC
-
-
-@triton.jit
-def _merged_needs_exact(key_tile, nonfinite_ptrs, DOT_F32: tl.constexpr):
-    """Mode (M): whether a tile needs the exact fallback: a NaN or infinite key element, or a
-    row whose ``qbar`` has one. The three-part split multiplies its zero parts by every key
-    element, and ``0 * inf`` is NaN where the reference's ``qbar_d * c_d`` is not."""
-    k = key_tile.to(tl.float32)
-    # Counts (exact int32 sums; triton-ascend 3.2's interpreter reduces max element by element).
-    bad_key = tl.sum(tl.sum(tl.where(k - k == 0, 0, 1), axis=1), axis=0)
-    bad_row = tl.sum(tl.where(tl.load(nonfinite_ptrs) != 0, 1, 0), axis=0)
-    return (bad_key + bad_row) > 0
-
-
-@triton.jit
-def _merged_exact(qbar_ptrs, cache_ptr, cells, load_ok, stride_cache_d, D: tl.constexpr, DOT_F32: tl.constexpr):
-    """Mode (M) scores in the reference's own order (kpool-algorithm.md §11): ``sum_d qbar[d] *
-    c[d]`` sequentially over d from 0.0 (``qbar_ptrs`` and ``cells`` broadcast to the tile's
-    shape): bit for bit ``reference.numerics.pool_scores``, NaN and infinities included."""
-    acc = tl.zeros_like(tl.load(qbar_ptrs) * cells.to(tl.float32))
-    for d in range(D):
-        qb = tl.load(qbar_ptrs + d)
-        if DOT_F32:
-            c = bf16_bits_to_f32(tl.load(cache_ptr + cells + d * stride_cache_d, mask=load_ok, other=0))
-        else:
-            c = tl.load(cache_ptr + cells + d * stride_cache_d, mask=load_ok, other=0.0).to(tl.float32)
-        acc = acc + qb * c
-    return acc
 
 
 @triton.jit
@@ -180,8 +150,8 @@ def _score_decode_kernel(
                     # where, not by a zero weight (0 * NaN is NaN).
                     score = tl.sum(tl.where((heads < H)[None, :], term, 0.0), axis=1)
                     if MODE == 1:
-                        if _merged_needs_exact(key_tile, nonfinite_ptr + t + tl.arange(0, 1), DOT_F32):
-                            score = _merged_exact(qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr, cells,
+                        if merged_needs_exact(key_tile, nonfinite_ptr + t + tl.arange(0, 1), DOT_F32):
+                            score = merged_exact(qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr, cells,
                                                   load_ok, stride_cache_d, D, DOT_F32)
                     _store_keys(key_row + pools, pools, score_key_hi(score, pools >= vis), pools < max_pool_seq_len)
 
@@ -293,8 +263,8 @@ def _score_prefill_kernel(
                 else:
                     acc = acc + w_h[:, None] * s
             if MODE == 1:
-                if _merged_needs_exact(key_t, nonfinite_ptr + row0 + local, DOT_F32):
-                    acc = _merged_exact(qbar_ptr + (row0 + local)[:, None] * stride_qbar_t, cache_ptr,
+                if merged_needs_exact(key_t, nonfinite_ptr + row0 + local, DOT_F32):
+                    acc = merged_exact(qbar_ptr + (row0 + local)[:, None] * stride_qbar_t, cache_ptr,
                                         cells[None, :], load_ok[None, :], stride_cache_d, D, DOT_F32)
             key_ptrs = (keys_ptr + (row0 - row_start).to(tl.int64) * stride_keys_t + offs_m[:, None] * stride_keys_t
                         + pools[None, :])
@@ -307,76 +277,9 @@ def _score_prefill_kernel(
                         mine[:, None] & (pools < max_pool_seq_len)[None, :])
 
 
-@triton.jit(do_not_specialize=["stride_q_t", "stride_q_h", "stride_w_t", "stride_w_h", "stride_split_t", "stride_qbar_t",
-                                "row_start", "num_rows"])
-def _merge_heads_kernel(
-    q_ptr, stride_q_t, stride_q_h, stride_q_d,
-    weights_ptr, stride_w_t, stride_w_h,
-    split_ptr, stride_split_t, unit_ptr, qbar_ptr, stride_qbar_t, nonfinite_ptr, row_start, num_rows,
-    H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, W_BF16: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-):
-    """Score mode (M), first half (kpool-algorithm.md §4.2 (M), §11): ``qbar[t, d] = sum_h
-    w[t, h] * q[t, h, d]`` sequentially over h from 0.0, the reference's order bit for bit, for
-    the rows ``[row_start, row_start + num_rows)``; stored as its exact three-part bf16 split
-    (``split[t, k, d]``, k = hi, mid, lo; int16 bits, :func:`split_bf16x3`), which the score
-    kernels use as three heads without ReLU, weighted by ``unit[t, k]`` (1.0, or 2^-64 for a
-    row split scaled by 2^64): ``qbar . c = hi . c + mid . c + lo . c`` with exact bf16 products.
-    ``qbar`` itself (fp32 ``[T, D]``) and a per-row flag ``nonfinite[t]`` (a NaN or infinite
-    ``qbar`` element) are stored too: the score kernels' exact fallback reads them."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    local = tl.arange(0, BLOCK_ROWS)
-    dims = tl.arange(0, DP)
-    for rb in range(pid, tl.cdiv(num_rows, BLOCK_ROWS), nprog):
-        row0 = (row_start + rb * BLOCK_ROWS).to(tl.int64)
-        row_ok = rb * BLOCK_ROWS + local < num_rows
-        mask = row_ok[:, None] & (dims < D)[None, :]
-        q_ptrs = q_ptr + row0 * stride_q_t + local[:, None] * stride_q_t + dims[None, :] * stride_q_d
-        w_ptrs = weights_ptr + row0 * stride_w_t + local * stride_w_t
-        qbar = tl.zeros([BLOCK_ROWS, DP], dtype=tl.float32)
-        for h in range(H):
-            w_h = load_f32(w_ptrs + h * stride_w_h, row_ok, W_BF16)
-            q_h = bf16_bits_to_f32(tl.load(q_ptrs + h * stride_q_h, mask=mask, other=0))
-            qbar = qbar + w_h[:, None] * q_h
-        # A row whose |qbar| < 2^-46 is split scaled by 2^64 (exact), its unit weights set to 2^-64,
-        # so the split stays exact (bf16 cannot hold bits below 2^-133).
-        finite = qbar - qbar == 0
-        tiny = tl.sum(tl.where(finite & (tl.abs(qbar) >= TINY_QBAR), 1, 0), axis=1) == 0   # every |qbar| tiny
-        hi, mid, lo = split_bf16x3(tl.where(tiny[:, None], qbar * QBAR_SCALE, qbar))
-        out = split_ptr + row0 * stride_split_t + local[:, None] * stride_split_t + dims[None, :]
-        tl.store(out, hi, mask=mask)
-        tl.store(out + D, mid, mask=mask)
-        tl.store(out + 2 * D, lo, mask=mask)
-        tl.store(qbar_ptr + row0 * stride_qbar_t + local[:, None] * stride_qbar_t + dims[None, :], qbar, mask=mask)
-        bad = tl.sum(tl.where(mask & (qbar - qbar != 0), 1, 0), axis=1)                      # non-finite count
-        tl.store(nonfinite_ptr + row0 + local, bad, mask=row_ok)
-        unit = tl.where(tiny, QBAR_UNSCALE, 1.0)
-        parts = tl.arange(0, 4)
-        tl.store(unit_ptr + row0 * 3 + local[:, None] * 3 + parts[None, :], unit[:, None] + parts[None, :] * 0.0,
-                 mask=row_ok[:, None] & (parts < 3)[None, :])
-
-
 def _plain_options(options: dict) -> dict:
     """A launch's backend options without its tile tuning (for the one-program helper kernel)."""
     return {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
-
-
-def _merged_heads(q, weights, row_start: int, num_rows: int, launch_options):
-    """Mode (M): ``(split bf16 [T, 3, D], weights fp32 [T, 3], qbar fp32 [T, D], nonfinite int32
-    [T])`` for the rows of the chunk (:func:`_merge_heads_kernel`)."""
-    T, H, D = q.shape
-    split = torch.zeros((T, 3, D), dtype=torch.bfloat16, device=q.device)
-    unit = torch.ones((T, 3), dtype=torch.float32, device=q.device)
-    qbar = torch.zeros((T, D), dtype=torch.float32, device=q.device)
-    nonfinite = torch.zeros((T,), dtype=torch.int32, device=q.device)
-    w_bf16 = weights.dtype == torch.bfloat16
-    merge = launch_plan.merge_heads_plan(num_rows, D, q.device, launch_options)
-    _merge_heads_kernel[(merge.grid,)](
-        q.view(torch.int16), q.stride(0), q.stride(1), q.stride(2),
-        weights.view(torch.int16) if w_bf16 else weights, weights.stride(0), weights.stride(1),
-        split.view(torch.int16), split.stride(0), unit, qbar, qbar.stride(0), nonfinite, row_start, num_rows,
-        H=H, D=D, DP=launch_plan.next_pow2(D), W_BF16=w_bf16, **merge.constexprs, **merge.options)
-    return split, unit, qbar, nonfinite
 
 
 def _check(q, weights, compressed_cache, block_table, score_mode, keys, num_rows, max_pool_seq_len):
@@ -447,7 +350,7 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
     N, B = compressed_cache.shape[0], compressed_cache.shape[1]
     positions, cum_query_lens, seq_lens = positions.contiguous(), cum_query_lens.contiguous(), seq_lens.contiguous()
     if score_mode == "merged":
-        q, weights, qbar, nonfinite = _merged_heads(q, weights, row_start, num_rows, launch_options)
+        q, weights, qbar, nonfinite = merged_heads(q, weights, row_start, num_rows, launch_options)
         H = 3
     else:   # unused placeholders of the merged-mode fallback
         qbar, nonfinite = keys, cum_query_lens
