@@ -304,12 +304,7 @@ def _chunk_sizes(P):
     return [[P + 1, req1[k], 2 * P - 1] for k in range(steps)]
 
 
-@pytest.mark.parametrize("P,extra", [(1, 0), (1, 3), (2, 0), (2, 3), (4, 0), (4, 3), (8, 0), (8, 3)])
-def test_chunked_multi_request_prefill_matches_oracle(P, extra):
-    """Multi-request chunked prefill, chunk starts at every residue mod P (pools straddling a
-    chunk boundary read the ring seeded by the previous call), ring capacity C in {P, P+3}:
-    both caches bitwise equal the whole-history oracle after every call (C11: no pooling across
-    request boundaries; ring = the last C rows of each request, bit-exact)."""
+def _chunked_prefill_against_oracle(P: int, extra: int) -> None:
     C = P + extra
     sizes = _chunk_sizes(P)
     lengths = [sum(s[i] for s in sizes) for i in range(3)]
@@ -321,6 +316,14 @@ def test_chunked_multi_request_prefill_matches_oracle(P, extra):
     assert sim.cached == lengths
     assert residues == set(range(P))   # every chunk-start residue (0 = pool-aligned resume)
 
+
+@pytest.mark.parametrize("P,extra", [(1, 0), (1, 3), (2, 0), (2, 3), (4, 0), (4, 3), (8, 0), (8, 3)])
+def test_chunked_multi_request_prefill_matches_oracle(P, extra):
+    """Multi-request chunked prefill, chunk starts at every residue mod P (pools straddling a
+    chunk boundary read the ring seeded by the previous call), ring capacity C in {P, P+3}:
+    both caches bitwise equal the whole-history oracle after every call (C11: no pooling across
+    request boundaries; ring = the last C rows of each request, bit-exact)."""
+    _chunked_prefill_against_oracle(P, extra)
 
 
 @pytest.mark.parametrize("P,extra", [(1, 3), (4, 0), (4, 3)])
@@ -334,16 +337,7 @@ def test_compiled_backends_tiling_matches_oracle(P, extra, monkeypatch):
     long = Sim(P=P, C=P + extra, lengths=[5 + 61, 40], seed=P + extra)   # long chunks: one-request tiles
     long.step([(0, 5), (1, 17)])
     long.step([(0, 61), (1, 23)])
-    C = P + extra
-    sizes = _chunk_sizes(P)
-    lengths = [sum(s[i] for s in sizes) for i in range(3)]
-    sim = Sim(P=P, C=C, lengths=lengths, seed=10 * P + extra, B=3 if P == 2 else 2)
-    residues = set()
-    for s in sizes:
-        residues |= {sim.cached[i] % P for i in range(3) if sim.cached[i] > 0 and s[i] > 0}
-        sim.step([(0, s[0]), (1, s[1]), (2, s[2])])
-    assert sim.cached == lengths
-    assert residues == set(range(P))   # every chunk-start residue (0 = pool-aligned resume)
+    _chunked_prefill_against_oracle(P, extra)
 
 
 def test_grid_stride_loop_and_partial_blocks(monkeypatch):

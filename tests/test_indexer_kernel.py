@@ -530,3 +530,44 @@ def test_score_select_expand_chain_matches_reference_on_exact_data(mode):
             want.append([-1] * (K_TOK + P - 1))
     assert out.cpu().tolist() == want
     assert int((want_valid.sum(1) > 0).sum()) > 5                          # real selections happened
+
+
+# --------------------------------------------------------------------------- helper kernels
+
+def _guarded(n, dtype, fill, guard=64):
+    big = torch.full((n + 2 * guard,), fill, dtype=dtype, device=DEV)
+    return big, big[guard:guard + n]
+
+
+def _guards_intact(big, n, fill, guard=64):
+    host = big.cpu()
+    return bool((host[:guard] == fill).all() and (host[guard + n:] == fill).all())
+
+
+def test_helper_kernels_write_only_their_buffers():
+    """The prefill-block and head-merge kernels store reduction results and masked tails inside
+    their buffers only (triton-ascend 3.2's interpreter stored int32 sums as 8-byte values, past
+    the end, until ``_portable.int32_of``)."""
+    from kpool.ops import merged, score
+    cum = torch.tensor([5, 20, 21, 60], dtype=torch.int32, device=DEV)
+    big, blocks = _guarded(6, torch.int32, 7)
+    score._prefill_blocks_kernel[(1,)](cum, blocks, 4, 3, 0, 60, BLOCK_M=16, DECODE_ROWS=8, BLOCK_R=128)
+    # requests of 5, 15, 1, 39 rows: blocks 0, 1, 1, 4 -> ends [0, 1, 1, 4]; the chunk: blocks [0, 4)
+    assert blocks.cpu().tolist() == [0, 1, 1, 4, 0, 4] and _guards_intact(big, 6, 7)
+    T, H, D = 6, 3, 16
+    gen = torch.Generator().manual_seed(3)
+    q = exact_values((T, H, D), gen, 1.0).to(DEV)
+    w = exact_values((T, H), gen, 2.0 ** -6).to(DEV)
+    bufs = {name: _guarded(n, dtype, 7) for name, n, dtype in
+            (("split", T * 3 * D, torch.int16), ("unit", T * 3, torch.float32), ("qbar", T * D, torch.float32),
+             ("nonfinite", T, torch.int32))}
+    p = plan.merge_heads_plan(T, D, DEV)
+    merged._merge_heads_kernel[(p.grid,)](
+        q.view(torch.int16), q.stride(0), q.stride(1), q.stride(2), w.view(torch.int16), w.stride(0), w.stride(1),
+        bufs["split"][1], 3 * D, bufs["unit"][1], bufs["qbar"][1], D, bufs["nonfinite"][1], 0, T,
+        H=H, D=D, DP=D, W_BF16=True, **p.constexprs, **p.options)
+    for name, (big, view) in bufs.items():
+        assert _guards_intact(big, view.numel(), 7), name
+    want = (w.float().cpu()[:, :, None] * q.float().cpu()).sum(1)          # exact data: any order
+    assert torch.equal(bufs["qbar"][1].cpu().view(T, D), want)
+    assert (bufs["nonfinite"][1].cpu() == 0).all()

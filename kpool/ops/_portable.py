@@ -205,6 +205,15 @@ def score_key_hi(score, invisible):
 
 
 @triton.jit
+def int32_of(x):
+    """An int32 reduction result as a real int32 tensor. triton-ascend 3.2's interpreter sums
+    int32 with numpy's default (int64) but keeps the int32 type, so storing the result writes 8
+    bytes per lane (overrunning the buffer) and ``.to(tl.int32)`` is a no-op there; the round
+    trip through int64 converts the data. Two no-op casts on compiled backends."""
+    return x.to(tl.int64).to(tl.int32)
+
+
+@triton.jit
 def bf16_bits_to_f32(bits):
     """fp32 value of bf16 bit patterns loaded as int16 (exact: the bf16 bits become the high half).
     The interpreter's own bf16 -> fp32 cast mishandles subnormals (platform-numerics.md §4.2)."""

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import plan as launch_plan
-from ._portable import bf16_bits_to_f32, load_f32, split_bf16x3
+from ._portable import bf16_bits_to_f32, int32_of, load_f32, split_bf16x3
 
 TINY_QBAR = tl.constexpr(2.0 ** -46)
 QBAR_SCALE = tl.constexpr(2.0 ** 64)
@@ -88,7 +88,7 @@ def _merge_heads_kernel(
         tl.store(out + 2 * D, lo, mask=mask)
         tl.store(qbar_ptr + row0 * stride_qbar_t + local[:, None] * stride_qbar_t + dims[None, :], qbar, mask=mask)
         bad = tl.sum(tl.where(mask & (qbar - qbar != 0), 1, 0), axis=1)                      # non-finite count
-        tl.store(nonfinite_ptr + row0 + local, bad, mask=row_ok)
+        tl.store(nonfinite_ptr + row0 + local, int32_of(bad), mask=row_ok)       # (int32_of: see _portable)
         unit = tl.where(tiny, QBAR_UNSCALE, 1.0)
         parts = tl.arange(0, 4)
         tl.store(unit_ptr + row0 * 3 + local[:, None] * 3 + parts[None, :], unit[:, None] + parts[None, :] * 0.0,

@@ -45,8 +45,8 @@ import triton.language as tl
 
 from ..errors import KPoolConfigError, KPoolDtypeError, KPoolShapeError
 from . import plan as launch_plan
-from ._portable import (KEY_LOWEST, KEY_LOWEST_C, load_bf16_operand, load_f32, request_of_rows, score_key_hi,
-                        visible_pools)
+from ._portable import (KEY_LOWEST, KEY_LOWEST_C, int32_of, load_bf16_operand, load_f32, request_of_rows,
+                        score_key_hi, visible_pools)
 from .merged import merged_exact, merged_heads, merged_needs_exact
 
 SCORE_MODES = {"relu": 0, "merged": 1}
@@ -187,10 +187,10 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, sea
         blocks = tl.where(ok & (qlen > DECODE_ROWS), (qlen + BLOCK_M - 1) // BLOCK_M, 0)
         # inclusive prefix sum as a masked row sum (exact integers; no scan primitive needed)
         prefix = tl.sum(tl.where(lanes[None, :] <= lanes[:, None], blocks[None, :], 0), axis=1)
-        tl.store(block_ends_ptr + r, carry + prefix, mask=ok)
+        tl.store(block_ends_ptr + r, int32_of(carry + prefix), mask=ok)     # (int32_of: see _portable)
         before = before + tl.sum(tl.where(r[None, :] < edge_req[:, None], blocks[None, :], 0), axis=1)
         carry = carry + tl.sum(tl.where(ok, blocks, 0), axis=0)
-    tl.store(block_ends_ptr + num_requests + edge, before + own)
+    tl.store(block_ends_ptr + num_requests + edge, int32_of(before + own))
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ["search_steps"])
