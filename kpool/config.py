@@ -13,7 +13,7 @@ from .rules import as_bool, as_int, optional_int
 
 INT32_MAX = 2147483647
 """``2**31 - 1``: the kernels compute positions in int32, so a live position ``p`` must satisfy
-``p < INT32_MAX - P`` (the window arithmetic reaches ``p + P``); checked by
+``p < INT32_MAX - P`` (the window arithmetic reaches ``p + P``, kpool/ops/compress.py); checked by
 :func:`kpool.validation.validate_forward` (rule ``positions-int32-window``)."""
 
 SCORE_MODES = ("relu", "merged")

@@ -13,11 +13,7 @@ from .errors import KPoolShapeError
 from .validation import validate_forward
 
 SCORE_SCRATCH_BYTES = 256 * 2 ** 20
-"""Upper bound of the fp32 score scratch (rows x max_pool_seq_len x 4 B), §4.6."""
-
-
-def _device_name(t: torch.Tensor) -> str:
-    return t.device.type if t.device.type in ("cuda", "npu") else "cpu"
+"""Upper bound of the score scratch (rows x max_pool_seq_len int64 keys, 8 B each), §4.6."""
 
 
 def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions, cum_query_lens,
@@ -40,10 +36,17 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         compute_topk: ``False`` = cache-only update, returns ``None`` (§5.5).
         output_buffer: optional int32 ``[>= T, >= W]`` caller buffer (unit column stride): rows
             ``< T`` are written (columns ``>= W`` set to -1), rows ``>= T`` untouched.
-        validate: run :func:`validate_forward` first (host sync). With ``False`` the caller
-            guarantees valid metadata: the kernels still skip out-of-range slots and ring blocks,
-            but trust ``cum_query_lens`` and ``positions`` to lie within the tensors.
+        validate: run :func:`validate_forward` first (host sync). With ``False`` the forward makes
+            no device-to-host copy and no host decision on device data (the kernels read
+            ``T_live = cum_query_lens[R - 1]`` and the request bounds themselves; every launch is
+            sized from shapes and host ints), so it can be captured in a CUDA/NPU graph and
+            replayed with the metadata rewritten in place (FULL mode). The caller then guarantees
+            valid metadata: the kernels still skip out-of-range slots and ring blocks, but trust
+            ``cum_query_lens`` and ``positions`` to lie within the tensors.
         max_score_rows: force token chunking of the score scratch (results are chunk-invariant).
+
+    Launches: compression, ring write, then per score chunk (one for scratch-sized batches)
+    the decode and the prefill score kernels and ``torch.topk``, then the expansion.
 
     Returns:
         int32 ``[T, 1, W]`` token ids (``output_buffer[:T, :W]`` viewed as ``[T, 1, W]`` when given),
@@ -54,80 +57,69 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         KPoolShapeError when the output or top-k buffers cannot be allocated (before any launch).
     """
     P = index_kpool
-    W = index_topk + P - 1
     T = k.shape[0] if isinstance(k, torch.Tensor) else 0
     if validate:
-        t_live = validate_forward(
+        validate_forward(
             k=k, gate=gate, q=q, weights=weights, ape=ape, compressed_cache=compressed_cache,
             tail_cache=tail_cache, positions=positions, cum_query_lens=cum_query_lens,
             raw_seq_lens=raw_seq_lens, seq_lens=seq_lens, block_table=block_table,
             slot_mapping=slot_mapping, tail_block_table=tail_block_table,
             tail_slot_mapping=tail_slot_mapping, max_pool_seq_len=max_pool_seq_len,
             index_topk=index_topk, index_kpool=P, score_mode=score_mode, compute_topk=compute_topk,
-            output_buffer=output_buffer)
-    else:
-        t_live = int(cum_query_lens[-1]) if cum_query_lens.numel() else 0
+            pack_tail=pack_tail, output_buffer=output_buffer)
+    W = index_topk + P - 1      # after validation: a non-int index_topk is a named error, not a TypeError
     from .ops import compress as compress_ops
     from .ops import indexer as indexer_ops
+    from .ops.plan import score_scratch_rows
 
+    R = int(cum_query_lens.shape[0])
     # Every buffer of the top-k path is allocated before the first launch: an impossible size
     # (say a huge index_topk) fails here, with the caches untouched.
     if compute_topk:
-        out, pool_ids, pool_scores, scratch, rows_per_chunk = _allocate(
-            k.device, T, W, t_live, index_topk // P, max_pool_seq_len, output_buffer, max_score_rows)
-    if t_live > 0:
-        compress_ops.compress_and_write_cache(
-            k=k, gate=gate, ape=ape, compressed_cache=compressed_cache, tail_cache=tail_cache,
-            positions=positions, cum_query_lens=cum_query_lens, raw_seq_lens=raw_seq_lens,
-            slot_mapping=slot_mapping, tail_block_table=tail_block_table,
-            tail_slot_mapping=tail_slot_mapping, num_live_tokens=t_live, index_kpool=P)
+        selected = min(index_topk // P, max_pool_seq_len) if T > 0 and R > 0 else 0
+        rows_per_chunk = score_scratch_rows(max_pool_seq_len, SCORE_SCRATCH_BYTES, max_score_rows)
+        out, top_keys, top_index, scratch = _allocate(k.device, T, W, selected, max_pool_seq_len,
+                                                      min(rows_per_chunk, T), output_buffer)
+    compress_ops.compress_and_write_cache(
+        k=k, gate=gate, ape=ape, compressed_cache=compressed_cache, tail_cache=tail_cache,
+        positions=positions, cum_query_lens=cum_query_lens, raw_seq_lens=raw_seq_lens,
+        slot_mapping=slot_mapping, tail_block_table=tail_block_table,
+        tail_slot_mapping=tail_slot_mapping, index_kpool=P)
     if not compute_topk:
         return None
-
     if T == 0:
         return out[:, :W].unsqueeze(1)
-    if t_live == 0:
-        out.fill_(-1)  # only padding rows: nothing to score or expand (§5.5 empty batch)
-        return out[:, :W].unsqueeze(1)
-
-    selected = pool_ids.shape[1]
     if selected > 0:
-        for row_start in range(0, t_live, rows_per_chunk):
-            n = min(rows_per_chunk, t_live - row_start)
-            scores = indexer_ops.score_pools(
+        for row_start in range(0, T, rows_per_chunk):
+            n = min(rows_per_chunk, T - row_start)
+            keys = indexer_ops.score_keys(
                 q=q, weights=weights, compressed_cache=compressed_cache, positions=positions,
                 cum_query_lens=cum_query_lens, seq_lens=seq_lens, block_table=block_table,
                 max_pool_seq_len=max_pool_seq_len, index_kpool=P, score_mode=score_mode,
-                row_start=row_start, num_rows=n, out=scratch)
-            ids, top = indexer_ops.select_topk(scores[:n], selected)
-            pool_ids[row_start:row_start + n] = ids
-            pool_scores[row_start:row_start + n] = top
+                row_start=row_start, num_rows=n, keys=scratch)
+            indexer_ops.select_topk(keys, selected, out=(top_keys[row_start:row_start + n], top_index[:n]))
     indexer_ops.expand_indices(
-        pool_ids=pool_ids, pool_scores=pool_scores, positions=positions, num_live_tokens=t_live,
-        index_topk=index_topk, index_kpool=P, pack_tail=pack_tail, out=out)
+        top_keys=top_keys, positions=positions, cum_query_lens=cum_query_lens, index_topk=index_topk,
+        index_kpool=P, pack_tail=pack_tail, out=out)
     return out[:, :W].unsqueeze(1)
 
 
-def _allocate(device, T: int, W: int, t_live: int, k_pool: int, max_pool_seq_len: int, output_buffer,
-              max_score_rows):
-    """The top-k path's buffers: ``(out [T, >= W] int32, pool_ids [t_live, selected] int32,
-    pool_scores [t_live, selected] fp32, scratch [rows, max_pool_seq_len] fp32 or None,
-    rows_per_chunk)`` with ``selected = min(K_pool, max_pool_seq_len)`` (kpool-algorithm.md §4.4).
+def _allocate(device, T: int, W: int, selected: int, max_pool_seq_len: int, chunk_rows: int, output_buffer):
+    """The top-k path's buffers: ``(out [T, >= W] int32, top_keys [T, selected] int64, top_index
+    [chunk_rows, selected] int64 (torch.topk's indices, unused), scratch [chunk_rows,
+    max_pool_seq_len] int64 keys or None)`` with ``selected = min(K_pool, max_pool_seq_len)``
+    (kpool-algorithm.md §4.4). Sizes are host ints (shapes), never device data.
 
     Raises:
         KPoolShapeError: a buffer cannot be allocated (e.g. an absurd ``index_topk``).
     """
-    selected = min(k_pool, max_pool_seq_len) if t_live > 0 else 0
-    rows_per_chunk = max(1, SCORE_SCRATCH_BYTES // (4 * max(1, max_pool_seq_len)))
-    if max_score_rows is not None:
-        rows_per_chunk = max(1, min(rows_per_chunk, max_score_rows))
     try:
         out = output_buffer[:T] if output_buffer is not None else torch.empty((T, W), dtype=torch.int32, device=device)
-        pool_ids = torch.empty((t_live, selected), dtype=torch.int32, device=device)
-        pool_scores = torch.empty((t_live, selected), dtype=torch.float32, device=device)
-        scratch = (torch.empty((min(rows_per_chunk, t_live), max_pool_seq_len), dtype=torch.float32, device=device)
+        top_keys = torch.empty((T, selected), dtype=torch.int64, device=device)
+        top_index = torch.empty((chunk_rows if selected else 0, selected), dtype=torch.int64, device=device)
+        scratch = (torch.empty((chunk_rows, max_pool_seq_len), dtype=torch.int64, device=device)
                    if selected > 0 else None)
     except RuntimeError as exc:   # torch.OutOfMemoryError and the CPU allocator's error
         raise KPoolShapeError(f"cannot allocate the top-k buffers for T={T} rows of width W={W} "
-                              f"({t_live} live rows, {selected} pools each): {exc}") from exc
-    return out, pool_ids, pool_scores, scratch, rows_per_chunk
+                              f"({selected} pools each): {exc}") from exc
+    return out, top_keys, top_index, scratch

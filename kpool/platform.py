@@ -4,7 +4,8 @@ Order: ``KPOOL_DEVICE`` in {auto, npu, cuda, cpu} (default auto); if ``TRITON_IN
 already set -> cpu; else npu when ``torch_npu`` imports and ``torch.npu.is_available()``; else cuda
 when ``torch.cuda.is_available()``; else cpu. ``cpu`` means the Triton interpreter: the resolver
 sets ``TRITON_INTERPRET=1`` before any kernel module is imported (Triton reads it when a kernel
-is decorated), and raises if kernels were already imported in compiled mode.
+is decorated), installs the interpreter compatibility patch (:func:`install_interpreter_compat`),
+and raises if kernels were already imported in compiled mode.
 
 Nothing here imports Triton at module import.
 """
@@ -20,7 +21,8 @@ import torch
 from .errors import KPoolUnsupportedError
 
 DEVICES = ("npu", "cuda", "cpu")
-_KERNEL_MODULES = ("kpool.ops.compress", "kpool.ops.indexer")
+_KERNEL_MODULES = ("kpool.ops.compress", "kpool.ops.score", "kpool.ops.merged", "kpool.ops.expand",
+                   "kpool.ops.indexer")
 
 
 def _npu_available() -> bool:
@@ -63,9 +65,9 @@ def detect_device(requested: str | None = None) -> str:
 def resolve_device(requested: str | None = None) -> str:
     """:func:`detect_device`, then make the choice effective for Triton, once per process.
 
-    For ``cpu`` sets ``TRITON_INTERPRET=1``; raises if a kernel module was already imported
-    while ``TRITON_INTERPRET`` was unset (the two modes cannot be mixed in one process). For
-    ``cuda``/``npu`` raises if ``TRITON_INTERPRET=1`` is set.
+    For ``cpu`` sets ``TRITON_INTERPRET=1`` and calls :func:`install_interpreter_compat`; raises
+    if a kernel module was already imported while ``TRITON_INTERPRET`` was unset (the two modes
+    cannot be mixed in one process). For ``cuda``/``npu`` raises if ``TRITON_INTERPRET=1`` is set.
 
     Raises:
         KPoolUnsupportedError: as :func:`detect_device`, or on a mode conflict.
@@ -79,6 +81,7 @@ def resolve_device(requested: str | None = None) -> str:
                 f"kernels {loaded} were imported in compiled mode; set KPOOL_DEVICE=cpu (or "
                 "TRITON_INTERPRET=1) before importing kpool.ops")
         os.environ["TRITON_INTERPRET"] = "1"
+        install_interpreter_compat()
     elif interp:
         raise KPoolUnsupportedError(f"TRITON_INTERPRET=1 is set but device {device!r} was requested")
     return device
@@ -108,3 +111,81 @@ def launch_options(device: str) -> dict:
         from .hardware import current_hardware_profile
         return {"multibuffer": not current_hardware_profile().is_a5, "enable_fp_fusion": False}
     return {}
+
+
+def install_interpreter_compat() -> bool:
+    """Make runtime loop bounds work in the Triton interpreter under NumPy >= 2.3; idempotent.
+
+    Why: the interpreter wraps every scalar kernel argument and ``tl.program_id`` in a
+    1-element 1-D array and converts it for ``range(...)`` with ``int(array)``, which NumPy >= 2.3
+    rejects ("only 0-dimensional arrays can be converted to Python scalars"); NumPy 1.25-2.2 only
+    warn, once per runtime loop of every launch. Any ``for i in range(0, n)`` with a runtime ``n``
+    then fails. This re-registers ``tensor.__index__`` to read the single element, wrapping the
+    interpreter's ``_patch_lang_tensor`` in both shapes it has (platform-numerics.md §5):
+
+    * triton >= 3.4 (3.6 here): ``_patch_lang_tensor(tensor, scope)``; attributes go through
+      ``scope.set_attr`` and are restored LIFO when the launch ends, so ours is undone first.
+    * triton-ascend 3.2 (Triton 3.2 base): ``_patch_lang_tensor(tensor)`` assigns the attributes
+      directly and never restores them; ours is assigned right after and stays.
+
+    Called by :func:`resolve_device` for ``cpu``; callable on its own (the harness calls it before
+    interpreting other kernels too). It changes nothing a compiled kernel uses, so calling it in
+    compiled mode is harmless. Imports Triton.
+
+    Returns:
+        True when the interpreter is patched (now or by an earlier call), False when nothing needed
+        or could be patched: NumPy < 1.25 (plain ``int()`` works), no interpreter module, or an
+        interpreter of another shape (the kernels then fail loudly at the first runtime loop).
+    """
+    import warnings
+
+    import numpy as np
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        try:
+            int(np.array([1]))
+            return False            # NumPy < 1.25: nothing to fix
+        except (TypeError, DeprecationWarning):
+            pass
+    try:
+        from triton.runtime import interpreter as _interp
+    except ImportError:  # pragma: no cover - a Triton build without the interpreter module
+        return False
+    original = getattr(_interp, "_patch_lang_tensor", None)
+    if original is None:
+        return False
+    if getattr(original, "_kpool_compat", False):
+        return True
+    wrapped = compat_patch_lang_tensor(original)
+    if wrapped is original:
+        return False
+    _interp._patch_lang_tensor = wrapped
+    return True
+
+
+def _scalar_index(self) -> int:
+    """``tensor.__index__`` for the interpreter: the single element of the 1-element array."""
+    return int(self.handle.data.reshape(-1)[0])
+
+
+def compat_patch_lang_tensor(original):
+    """Wrap an interpreter's ``_patch_lang_tensor`` (one- or two-argument form, see
+    :func:`install_interpreter_compat`) so that ``tensor.__index__`` reads the single element;
+    any other signature is returned unchanged."""
+    import inspect
+    try:
+        n_params = len(inspect.signature(original).parameters)
+    except (TypeError, ValueError):  # pragma: no cover - builtins have no signature
+        return original
+    if n_params == 1:
+        def _patch_lang_tensor(tensor):
+            original(tensor)
+            tensor.__index__ = _scalar_index
+    elif n_params == 2:
+        def _patch_lang_tensor(tensor, scope):
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", _scalar_index)
+    else:
+        return original
+    _patch_lang_tensor._kpool_compat = True
+    return _patch_lang_tensor

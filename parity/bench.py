@@ -1,20 +1,35 @@
-"""Kernel benchmarks: ``make bench`` = ``python -m parity.bench`` (architecture.md ``bench``).
+"""Kernel benchmarks: ``make bench`` = ``python -m parity.bench`` (issue 10 point 7).
 
-Times the production forward (``kpool.indexer.forward``: compression + ring write + scoring +
-top-k + expansion) on every step of the seed scenarios, from a fresh byte-identical copy of the
-step's input caches each repetition, after one warm-up run (JIT compilation excluded). Reports the
-median and minimum wall time per step (device-synchronised) and the caches' bytes, as a pandas
-table, optionally written to CSV. Speed targets belong here, never in timed unit tests.
+For each shape of :func:`parity.bench_shapes.standard_cases` (decode 64 x 64k, decode batch 1,
+MTP=3 verify, prefill 16384 rows over 64k, a mixed prefill + decode batch, compress + ring write
+of a 64k prefill) it times ``kpool.indexer.forward`` with ``validate=False`` (and, for the
+decode and mixed shapes, a second row with ``validate=True``: validation is a host sync and
+stays off the serving path), the same forward captured in a CUDA graph and replayed (the FULL-
+mode serving path, no host launch overhead; ``graph_ms``), the eager PyTorch version of the same
+op and its ``torch.compile``, and prints per op: time, bytes and FLOPs, the fraction of the
+measured copy bandwidth and bf16 matmul rate (both measured in the same run), the ratio to eager
+and to compiled, and the launches per forward.
 
-Run: ``python -m parity.bench [--device auto|cpu|cuda|npu] [--size small|glm5.3-flash|all]
-[--repeat N] [--case NAME ...] [--csv FILE]``.
+Timing: CUDA/NPU with ``triton.testing.do_bench`` (median; L2 flushed between runs, warm-up
+excluded, so JIT compilation is not timed); the CPU interpreter with wall-clock medians of a
+few runs on tiny shapes (no ``torch.compile`` there by default). Speed targets live here, as
+ratios in the printed table, never in timed tests.
+
+Run: ``python -m parity.bench [--device auto|cpu|cuda|npu] [--case NAME ...] [--compile
+all|none|NAME,...] [--repeat N] [--json FILE] [--compare FILE] [--csv FILE]``.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import statistics
 import sys
 import time
+from typing import Callable, Dict, List, Optional
+
+VALIDATED = ("decode", "mixed")
+"""Shapes also timed with ``validate=True`` (a separate row)."""
 
 
 def _sync(device) -> None:
@@ -25,56 +40,169 @@ def _sync(device) -> None:
         torch.npu.synchronize(device)
 
 
-def bench_case(case, device, repeat: int) -> list:
-    """Time every step of ``case`` on ``device``.
+def timer(device, repeat: int) -> Callable[[Callable[[], object]], float]:
+    """``time(fn) -> seconds``: ``triton.testing.do_bench`` on cuda/npu (median, L2 flushed,
+    ``repeat`` scales its time budget), else the median wall time of ``repeat`` runs after one
+    warm-up run."""
+    if device.type in ("cuda", "npu"):
+        import triton
 
-    Returns:
-        one dict per step: case, size, step, step_name, rows ``T``, median_ms, min_ms, cache_mib.
-    """
+        def measure(fn):
+            return triton.testing.do_bench(fn, warmup=25 * repeat, rep=100 * repeat, return_mode="median") / 1e3
+        return measure
+
+    def measure(fn):
+        fn()
+        times = []
+        for _ in range(max(1, repeat)):
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+    return measure
+
+
+def count_launches(fn, device) -> int:
+    """Kernel launches of one call of ``fn``: device kernels in a profiler trace on cuda/npu; on
+    the interpreter the Triton launches plus the torch ops of the top-k path (``torch.topk``)."""
+    import torch
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+        fn()
+        _sync(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            _sync(device)
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    from triton.runtime import jit
+    calls = {"n": 0}
+    original = jit.KernelInterface.__getitem__
+    real_topk = torch.topk
+
+    def counting(self, grid):
+        calls["n"] += 1
+        return original(self, grid)
+
+    def topk(*a, **k):
+        calls["n"] += 1
+        return real_topk(*a, **k)
+    jit.KernelInterface.__getitem__ = counting
+    torch.topk = topk
+    try:
+        fn()
+    finally:
+        jit.KernelInterface.__getitem__ = original
+        torch.topk = real_topk
+    return calls["n"]
+
+
+def graph_replay(fn, device):
+    """``fn`` captured in a CUDA graph (after a warm-up call on a side stream), as a FULL-mode
+    serving engine replays it: returns ``graph.replay`` (raises where capture fails, e.g. on a
+    host sync). CUDA only."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def measure_ceilings(device, measure, *, small: bool) -> Dict[str, float]:
+    """``copy_bytes_per_s`` (``dst.copy_(src)``, read + write) and ``bf16_flops_per_s`` (square
+    bf16 matmul) of this device, measured now."""
+    import torch
+    n = (1 << 20) if small else (1 << 29)            # elements of fp32: 4 MiB / 2 GiB
+    src = torch.empty(n, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    copy = measure(lambda: dst.copy_(src))
+    m = 256 if small else 8192
+    a = torch.randn(m, m, device=device).bfloat16()
+    b = torch.randn(m, m, device=device).bfloat16()
+    mm = measure(lambda: a @ b)
+    del src, dst, a, b
+    return {"copy_bytes_per_s": 2 * n * 4 / copy, "bf16_flops_per_s": 2 * m ** 3 / mm}
+
+
+def bench_case(make_case, device, measure, ceilings: dict, *, compile_eager: bool) -> List[dict]:
+    """Rows of one shape: the kernel forward (validate=False), optionally validate=True, with the
+    eager / compiled baselines and the ceilings' fractions."""
     import torch
 
-    from cases.values import case_ape, make_inputs
     from kpool.indexer import forward
-    from kpool.metadata import build_metadata
 
-    cfg, geo = case.config, case.geometry
-    caches = geo.allocate(cfg, device=device)
-    ape = case_ape(case).to(device)
-    cache_mib = (caches.compressed_backing.numel() * 2 + caches.tail_backing.numel() * 4) / 2 ** 20
-    rows = []
-    for index, step in enumerate(case.steps):
-        meta = build_metadata(step.batch, index_kpool=cfg.index_kpool, ring_capacity=cfg.ring_capacity,
-                              page_size=geo.page_size)
-        if step.patch_metadata is not None:
-            meta = step.patch_metadata(meta)
-        inputs = {k: v.to(device) for k, v in make_inputs(case, step, meta).items()}
-        meta = meta.to(device)
-        kwargs = dict(inputs, ape=ape, index_topk=cfg.index_topk, index_kpool=cfg.index_kpool,
-                      score_mode=cfg.score_mode, pack_tail=cfg.pack_tail, compute_topk=step.compute_topk,
-                      **meta.forward_kwargs())
-        pristine = caches.clone()
-        times = []
-        for rep in range(repeat + 1):  # repetition 0 warms up (compiles) and is not timed
-            caches.copy_(pristine)
-            _sync(device)
-            start = time.perf_counter()
-            forward(compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache, **kwargs)
-            _sync(device)
-            if rep:
-                times.append(time.perf_counter() - start)
-        rows.append(dict(case=case.name, size=case.size, step=index, step_name=step.name,
-                         rows=meta.num_tokens, median_ms=1e3 * statistics.median(times),
-                         min_ms=1e3 * min(times), cache_mib=round(cache_mib, 2)))
+    from .bench_shapes import eager_chunk, eager_forward
+    case = make_case()
+    kernel = lambda: forward(**case.kwargs, validate=False)  # noqa: E731
+    t = measure(kernel)
+    launches = count_launches(kernel, device)
+    graph = None
+    if device.type == "cuda":       # the serving path: one decode step replayed from a graph
+        graph = measure(graph_replay(kernel, device))
+    eager = measure(lambda: eager_forward(case))
+    compiled = None
+    if compile_eager and case.kwargs["compute_topk"]:
+        fn = torch.compile(eager_chunk, dynamic=False)
+        compiled = measure(lambda: eager_forward(case, chunk_fn=fn))
+    row = dict(op=case.name, description=case.description, time_ms=1e3 * t, bytes_MB=case.bytes / 1e6,
+               GFLOP=case.flops / 1e9, copy_bw_frac=case.bytes / t / ceilings["copy_bytes_per_s"],
+               bf16_frac=case.flops / t / ceilings["bf16_flops_per_s"],
+               floor_ms=1e3 * max(case.bytes / ceilings["copy_bytes_per_s"], case.flops / ceilings["bf16_flops_per_s"]),
+               eager_ms=1e3 * eager, compiled_ms=None if compiled is None else 1e3 * compiled,
+               vs_eager=eager / t, vs_compiled=None if compiled is None else compiled / t, launches=launches,
+               graph_ms=None if graph is None else 1e3 * graph, validate=False)
+    rows = [row]
+    if case.name in VALIDATED:
+        tv = measure(lambda: forward(**case.kwargs, validate=True))
+        rows.append(dict(row, op=f"{case.name} [validate=True]", time_ms=1e3 * tv, graph_ms=None,
+                         copy_bw_frac=case.bytes / tv / ceilings["copy_bytes_per_s"],
+                         bf16_frac=case.flops / tv / ceilings["bf16_flops_per_s"], vs_eager=eager / tv,
+                         vs_compiled=None if compiled is None else compiled / tv,
+                         launches=count_launches(lambda: forward(**case.kwargs, validate=True), device),
+                         validate=True))
+    del case
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return rows
+
+
+def environment(backend: str, device) -> dict:
+    import platform
+
+    import torch
+    import triton
+    env = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), backend=backend,
+               torch=torch.__version__, triton=triton.__version__, python=platform.python_version())
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def compare(rows: List[dict], before: dict) -> List[dict]:
+    """Per op of ``rows`` also in the stored run ``before`` (a ``--json`` file's content): times
+    now and then and ``speedup = before / now``."""
+    old = {r["op"]: r for r in before.get("rows", [])}
+    return [dict(op=r["op"], time_ms=r["time_ms"], before_ms=old[r["op"]]["time_ms"],
+                 speedup=old[r["op"]]["time_ms"] / r["time_ms"]) for r in rows if r["op"] in old]
 
 
 def main(argv=None) -> int:
     """CLI entry; returns the exit code (0, or 2 on a usage error)."""
     parser = argparse.ArgumentParser(prog="python -m parity.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None)
-    parser.add_argument("--size", default="small", choices=("small", "glm5.3-flash", "all"))
+    parser.add_argument("--case", action="append", default=None, help="shape name (repeatable)")
+    parser.add_argument("--compile", default=None, help="all | none | comma-separated shape names "
+                        "(default: all on cuda/npu, none on the interpreter)")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--case", action="append", default=None)
+    parser.add_argument("--size", default=None, help="ignored (kept for make's BENCH_SIZE)")
+    parser.add_argument("--json", default=None, help="write the table, ceilings and environment")
+    parser.add_argument("--compare", default=None, help="print the speedup against a stored --json run")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args(argv)
     from kpool.platform import resolve_device, torch_device  # before anything imports kpool.ops
@@ -82,16 +210,44 @@ def main(argv=None) -> int:
     device = torch_device(backend)
     import pandas as pd
 
-    from cases.scenarios import SIZES, seed_cases
-    sizes = SIZES if args.size == "all" else (args.size,)
-    cases = [c for c in seed_cases(sizes) if not args.case or c.name in args.case]
-    if not cases:
-        print(f"no case matches {args.case}", file=sys.stderr)
+    from .bench_shapes import standard_cases
+    small = backend == "cpu"
+    factories = standard_cases(device, small=small)      # built lazily: each is big on the GLM geometry
+    known = ("decode", "decode-batch-1", "mtp3-verify", "prefill", "mixed", "compress")
+    wanted = args.case or list(known)
+    unknown = [c for c in wanted if c not in known]
+    if unknown:
+        print(f"unknown case(s) {unknown}; known: {list(known)}", file=sys.stderr)
         return 2
-    table = pd.DataFrame([row for case in cases for row in bench_case(case, device, max(1, args.repeat))])
-    with pd.option_context("display.width", 200, "display.max_rows", 500):
-        print(f"device: {backend}; repeat: {args.repeat}; time per forward (kernel side only)")
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    before = None
+    if args.compare:
+        try:
+            with open(args.compare) as f:
+                before = json.load(f)
+        except (OSError, ValueError) as exc:
+            print(f"cannot read --compare {args.compare}: {exc}", file=sys.stderr)
+            return 2
+    spec = args.compile or ("none" if small else "all")
+    compiled = set(known) if spec == "all" else set() if spec == "none" else set(spec.split(","))
+    measure = timer(device, max(1, args.repeat))
+    ceilings = measure_ceilings(device, measure, small=small)
+    rows = []
+    for name, make in zip(known, factories):
+        if name in wanted:
+            rows.extend(bench_case(make, device, measure, ceilings, compile_eager=name in compiled))
+    table = pd.DataFrame(rows).drop(columns=["description"])
+    env = environment(backend, device)
+    with pd.option_context("display.width", 250, "display.max_rows", 100, "display.max_columns", 30):
+        print(f"device: {env.get('device_name', backend)}; torch {env['torch']}, triton {env['triton']}; "
+              f"copy {ceilings['copy_bytes_per_s'] / 1e12:.3f} TB/s, bf16 matmul "
+              f"{ceilings['bf16_flops_per_s'] / 1e12:.1f} TFLOP/s (measured now)")
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        if before is not None:
+            print(f"\nagainst {args.compare} ({before.get('environment', {}).get('date', '?')}):")
+            print(pd.DataFrame(compare(rows, before)).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "ceilings": ceilings, "rows": rows}, f, indent=1)
     if args.csv:
         table.to_csv(args.csv, index=False)
     return 0

@@ -11,9 +11,10 @@ two runs bitwise (index rows mapped back where rows move, both caches whole):
 * ``output-width``: a caller output buffer wider than ``W`` (alignment columns ``-1``, rows ``>= T``
   untouched);
 * ``score-chunking``: the score scratch split into chunks of fewer rows (``max_score_rows``);
-* ``captured-replay``: a captured step (FULL-mode metadata buffers, input buffers and output buffer
-  allocated once) rerun with the next step's metadata and inputs written in place
-  (``KPoolMetadata.copy_``), against the same two steps run with fresh tensors.
+* ``captured-replay``: a FULL-mode step captured in a CUDA/NPU graph (metadata, input and output
+  buffers allocated once) and replayed with the next step's metadata and inputs written in place
+  (``KPoolMetadata.copy_``), against the same two steps run with fresh tensors and against the
+  reference (:mod:`parity.captured`; the CPU interpreter imitates the capture).
 
 The pre-step caches come from running the earlier steps of the case with the reference on the
 CPU (:func:`step_states`); the relations then only run the kernel. Findings have the output name
@@ -278,54 +279,11 @@ def score_chunking(state: StepState, *, device, kernel_forward: Callable,
 
 def captured_replay(state: StepState, next_state: Optional[StepState], *, device,
                     kernel_forward: Callable) -> List[dict]:
-    """Steps ``i`` and ``i + 1`` as a captured FULL-mode graph would run them: metadata, input and
-    output buffers allocated once for step ``i`` and overwritten in place for step ``i + 1``
-    (``KPoolMetadata.copy_``), against both steps run with freshly built tensors. Both use the
-    same padded shapes (``T``, ``R``, ``M`` of the larger step, ``max_pool_seq_len = M * B``);
-    step ``i + 1``'s rows and both caches must agree bitwise."""
-    from cases.values import make_inputs
-    if next_state is None or not (_plain(state) and _plain(next_state)):
-        return []
-    a, b = state.step.batch, next_state.step.batch
-    T = max(state.meta.num_tokens, next_state.meta.num_tokens)
-    R = max(len(a.requests) + a.num_padded_requests, len(b.requests) + b.num_padded_requests)
-    M = max(state.meta.block_table.shape[1], next_state.meta.block_table.shape[1])
-    def full(batch):
-        return dataclasses.replace(batch, num_tokens=T, full_mode=True, block_table_width=M,
-                                   num_padded_requests=R - len(batch.requests))
-    fa, fb = full(a), full(b)
-    case, cfg = state.case, state.case.config
-    meta_a, meta_b = _build_meta(case, fa), _build_meta(case, fb)
-    in_a = make_inputs(case, dataclasses.replace(state.step, batch=fa), meta_a)
-    in_b = make_inputs(case, dataclasses.replace(next_state.step, batch=fb), meta_b)
-    W = cfg.output_width
-    name = "captured-replay"
-    output = OUTPUT_PREFIX + name
-    try:
-        # Captured path: one set of device buffers, rewritten in place between the replays.
-        work = state.caches.to(device)
-        # (clone: on the CPU ``.to`` aliases, and the in-place copy_ must not reach meta_a / in_a)
-        meta_buf = meta_a.to(device).clone()
-        in_buf = {k: v.to(device).clone() for k, v in in_a.items()}
-        out_buf = torch.full((T, W), -777, dtype=torch.int32, device=device)
-        kernel_forward(**_kwargs(case, state.step.compute_topk, meta_buf, in_buf, state.ape, work, out_buf, device))
-        meta_buf.copy_(meta_b.to(device))
-        for k, v in in_b.items():
-            in_buf[k].copy_(v.to(device))
-        out = kernel_forward(**_kwargs(case, next_state.step.compute_topk, meta_buf, in_buf, state.ape, work,
-                                       out_buf, device))
-        captured = _Run(out.detach().cpu().clone() if isinstance(out, torch.Tensor) else None, work.to("cpu"))
-        # Fresh path: new tensors for every call.
-        work = state.caches.to(device)
-        kernel_forward(**_kwargs(case, state.step.compute_topk, meta_a.clone(), in_a, state.ape, work,
-                                 torch.full((T, W), -777, dtype=torch.int32, device=device), device))
-        out = kernel_forward(**_kwargs(case, next_state.step.compute_topk, _build_meta(case, fb), in_b, state.ape,
-                                       work, torch.full((T, W), -777, dtype=torch.int32, device=device), device))
-        fresh = _Run(out.detach().cpu().clone() if isinstance(out, torch.Tensor) else None, work.to("cpu"))
-    except Exception as exc:
-        return [cmp.crash_finding("kernel", exc, output=output)]
-    view = dataclasses.replace(next_state, meta=meta_b, step=dataclasses.replace(next_state.step, batch=fb))
-    return _compare(name, view, fresh, captured, what=f"step {state.index} metadata replaced in place")
+    """Steps ``i`` and ``i + 1`` as a captured FULL-mode graph replays them: a real
+    ``torch.cuda.CUDAGraph`` / ``torch.npu.NPUGraph`` on devices, an imitation on the CPU
+    interpreter (:mod:`parity.captured`)."""
+    from .captured import captured_replay as relation
+    return relation(state, next_state, device=device, kernel_forward=kernel_forward)
 
 
 RELATIONS: Dict[str, Callable] = {

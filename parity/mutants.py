@@ -6,9 +6,7 @@ package name (``kpool_mutant_<name>``), applies one textual mutation (an exact s
 must occur exactly once, so a refactor that removes it fails loudly instead of silently testing
 nothing), imports the copy and returns its ``indexer`` module, whose ``forward`` is the mutated
 kernel forward. Real files are written because Triton reads kernel source with
-``inspect.getsource``. ``kpool`` imports itself relatively, so the copy is self-contained except
-for ``kpool/ops/compress.py``'s absolute ``from kpool.platform import launch_options`` (the
-copy uses the real ``kpool.platform``; harmless, it holds no state a mutation touches).
+``inspect.getsource``. ``kpool`` imports itself relatively, so the copy is self-contained.
 
 Import the kernels only after ``kpool.platform.resolve_device`` (the interpreter flag is read
 when a kernel is decorated).
@@ -26,8 +24,9 @@ from typing import Optional, Tuple
 
 MUTANTS = {
     # own incomplete pool admitted: visible = floor((p + P) / P) instead of floor((p + 1) / P), §4.1
+    # (the score kernels' one visibility helper: decode and prefill tiles alike)
     "visible-off-by-one": (
-        "ops/indexer.py",
+        "ops/_portable.py",
         "tl.minimum((pos + 1) // P, pools_of_req)",
         "tl.minimum((pos + P) // P, pools_of_req)",
         "wrong-index"),
@@ -40,17 +39,17 @@ MUTANTS = {
         "cache-mismatch"),
     # packed tail written one column to the right, §4.5 step 2
     "tail-wrong-column": (
-        "ops/indexer.py",
+        "ops/expand.py",
         "tail_col = tl.minimum(tail_start, index_topk)",
         "tail_col = tl.minimum(tail_start + 1, index_topk)",
         "wrong-tail"),
-    # the t < T_live guard removed: padding rows with stale positive ring slots write the ring,
-    # §5.4 (stray-write where a stale slot hits a ring row nobody writes in that step; a
-    # ring-mismatch too when it clobbers a live row)
+    # the t < T_live guard of the cache-update kernels removed: padding rows with stale positive
+    # ring slots write the ring, §5.4 (stray-write where a stale slot hits a ring row nobody
+    # writes in that step; a ring-mismatch too when it clobbers a live row)
     "padding-row-writes": (
-        "ops/compress.py",
-        "num_live = int(num_live_tokens)",
-        "num_live = int(k.shape[0])",
+        "ops/_portable.py",
+        "return (rows < t_live) & (rows < num_rows)",
+        "return rows < num_rows",
         "stray-write"),
     # C01: the ring stash gated on the pool-granular slot_mapping (-1 for every token that is not
     # the last of its pool), §5.4: tokens inside a pool are never stashed, so a later chunk or
@@ -75,11 +74,10 @@ MUTANTS = {
     # division) writes before the ring, §5.4, §6 "FULL-mode padding" (two edits, one fault)
     "padding-slot-minus-one": (
         "ops/compress.py",
-        ("valid = live & (rows >= end_r - C) & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)",
-         "num_live, num_requests, iters, D, C, num_tail_blocks * C,"),
-        ("valid = live & (rows >= end_r - C) & (pos >= 0) & (tslot < num_tail_slots)",
-         "int(k.shape[0]), num_requests, triton.cdiv(triton.cdiv(int(k.shape[0]), block_t), grid), D, C, "
-         "num_tail_blocks * C,"),
+        ("valid = is_live & (rows >= end_r - ring_capacity) & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)",
+         "is_live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)"),
+        ("valid = is_live & (rows >= end_r - ring_capacity) & (pos >= 0) & (tslot < num_tail_slots)",
+         "is_live = rows < num_rows"),
         "stray-write"),
     # Chunked scoring (§4.6): when the score scratch holds fewer rows than the step has live rows,
     # every chunk's selected pool ids and scores are written at rows [:n] of the top-k buffers
@@ -88,8 +86,8 @@ MUTANTS = {
     # any step scored in one chunk: prefill-topk's chunk-2 (max_score_rows) catches it.
     "chunk-offset": (
         "indexer.py",
-        ("pool_ids[row_start:row_start + n] = ids", "pool_scores[row_start:row_start + n] = top"),
-        ("pool_ids[:n] = ids", "pool_scores[:n] = top"),
+        "out=(top_keys[row_start:row_start + n], top_index[:n])",
+        "out=(top_keys[:n], top_index[:n])",
         "wrong-index"),
 }
 """``name -> (file relative to kpool/, exact old substring, new substring, expected verdict)``;

@@ -1,134 +1,151 @@
-"""Which kernel program wrote an element: pure functions of each launcher's tiling
+"""Which kernel program wrote an element: read from the launchers' own launch plans
 (parity-contract.md §6 "the program id of the kernel instance that wrote it").
 
-Every KPool launcher uses a fixed grid of ``min(work, cap)`` programs and a grid-stride loop over
-its tiles (platform-numerics.md §6.1), so tile ``i`` is handled by program ``i % grid``. The
-functions below recompute the launcher's tile sizes and grid from the same constants
-(:mod:`kpool.ops.compress`, :mod:`kpool.ops.indexer`, :mod:`kpool.indexer`), read lazily so that
-importing this module never imports Triton. They describe the launch; they never change it.
+Every KPool launcher launches exactly a :class:`kpool.ops.plan.LaunchPlan` (a fixed grid of
+``min(work, cap)`` programs and a grid-stride loop over its tiles, platform-numerics.md §6.1),
+so tile ``i`` is handled by program ``plan.program_of_tile(i)``. The functions below ask the
+same plan functions the launchers call (``<package>.ops.plan``, read lazily: importing this
+module never imports Triton, and a plan never needs Triton either) and map an element to its
+tile. They describe the launch; they never change it, and they read no private attribute.
 
-* compression (launch 1) and ring write (launch 2), ``kpool/ops/compress.py``: tiles of
-  ``BLOCK_T`` token rows; both launches share ``BLOCK_T`` and the grid;
-* scoring, ``kpool/ops/indexer.py`` ``_score_kernel``: tiles of ``BLOCK_ROWS`` rows x
-  ``BLOCK_POOLS`` pools of one score chunk (``kpool.indexer`` splits the live rows into chunks of
-  the score scratch; each chunk is its own launch);
-* expansion, ``_expand_kernel``: tiles of ``BLOCK_ROWS`` rows x ``BLOCK_COLS`` output columns.
+* compression (launch 1), ``ops/compress.py``: tiles of ``BLOCK_J * P`` token rows of the ``T``
+  rows x ``D_SPLIT`` channels (a tile inside one request compresses one pool per lane, any other
+  walks its rows);
+* ring write (launch 2): tiles of ``BLOCK_T`` token rows;
+* scoring, ``ops/score.py``: per score chunk (``kpool.indexer`` splits the rows into chunks of the
+  key scratch; each chunk is its own launches), the decode kernel (requests of at most
+  ``DECODE_ROWS`` rows: tile = request x a segment of its ``BLOCK_N``-pool blocks) or the prefill kernel (tile = one
+  request's block of ``BLOCK_M`` rows, blocks aligned to the request start, x ``BLOCK_N`` pools);
+* expansion, ``ops/expand.py``: tiles of ``BLOCK_ROWS`` rows x ``BLOCK_COLS`` output columns.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import bisect
+from typing import Optional, Sequence
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
-def _ops(package: str, name: str):
+def _plan(package: str):
     import importlib
-    return importlib.import_module(f"{package}.{name}")
+    return importlib.import_module(f"{package}.ops.plan")
+
+
+def _device(device):
+    import torch
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+def _on(backend: str, device):
+    """The device a plan is computed for: ``device`` when it matches ``backend``, else the bare
+    backend name (a cpu device stands for the interpreter)."""
+    dev = _device(device)
+    return dev if (dev.type if dev.type in ("cuda", "npu") else "cpu") == backend else backend
 
 
 def grid_cap(backend: str, device=None, *, package: str = "kpool") -> Optional[int]:
-    """Programs a cache-update launch may use at most (its grid is ``min(work, cap)``), from the
-    launcher's own helper: ``kpool.ops.compress._grid_cap`` (SM count on cuda, vector cores on
-    npu, a few on the interpreter), or ``kpool.ops._launch.launch_grid`` where the launcher
-    sizes its grid with it. ``None`` when neither exists (then no program id is reported).
+    """Programs a cache-update launch may use at most (its grid is ``min(work, cap)``): the grid of
+    an unbounded compression launch, from ``<package>.ops.plan``. ``None`` when the package has
+    no plan module (then no program id is reported).
 
     Args:
         backend: ``"cpu"``, ``"cuda"`` or ``"npu"``; device: a torch device of that backend.
         package: ``"kpool"`` or a planted-fault copy of it (:mod:`parity.mutants`).
     """
-    import torch
-    compress = _ops(package, "ops.compress")
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    if hasattr(compress, "_grid_cap"):
-        if backend == "cpu":
-            return int(compress._CPU_GRID_CAP)
-        return int(compress._grid_cap(backend, torch.empty(0, device=dev)))
     try:
-        launch = _ops(package, "ops._launch")
+        plan = _plan(package)
     except ImportError:
         return None
-    per_core = getattr(compress, "_PROGRAMS_PER_CORE", {}).get(backend, 1)
-    return int(launch.launch_grid(2 ** 31 - 1, backend, dev, programs_per_core=per_core,
-                                  cpu_cap=getattr(compress, "_CPU_GRID_CAP", None)))
+    return int(plan.compress_plan(2 ** 40, 16, 1, _on(backend, device)).grid)
 
 
-def _indexer_grid(indexer, tiles: int, backend: str, device) -> int:
-    """Grid of an indexer launch over ``tiles`` tiles: the launcher's ``_grid`` helper when it has
-    one (core-count based), else ``min(tiles, MAX_GRID)``."""
-    if hasattr(indexer, "_grid"):
-        import torch
-        dev = torch.device(device) if device is not None else torch.device("cpu")
-        return int(indexer._grid(tiles, torch.empty(0, device=dev))[0])
-    return max(1, min(tiles, indexer.MAX_GRID))
+def cache_update_program(row: int, *, num_rows: Optional[int] = None, head_dim: int, backend: str,
+                         cap: Optional[int] = None, index_kpool: int = 4, kernel: str = "compress",
+                         package: str = "kpool", device=None, num_live: Optional[int] = None,
+                         channel: int = 0) -> int:
+    """Program of the compression (``kernel="compress"``) or ring-write (``"ring_write"``) launch
+    that handles token ``row``.
 
-
-@dataclass(frozen=True)
-class Launch:
-    """A 1-D grid-stride launch: ``tiles`` tiles over ``grid`` programs (tile ``i`` -> program
-    ``i % grid``)."""
-
-    tiles: int
-    grid: int
-
-    def program_of_tile(self, tile: int) -> int:
-        """The program that handles ``tile``."""
-        return int(tile) % self.grid
-
-
-def cache_update_tiling(num_live: int, head_dim: int, backend: str, cap: int, *, package: str = "kpool"):
-    """``(BLOCK_T, Launch)`` of ``compress_and_write_cache`` for ``num_live`` live rows.
-
-    Uses the launcher's own ``cache_update_tiles`` (``BLOCK_T``), and ``grid = min(cdiv(num_live,
-    BLOCK_T), cap)`` as the launcher does.
+    Args:
+        num_rows: ``T``, the rows the launch covers (its grid depends on ``T``, never on
+            ``T_live``). ``num_live`` is the older name, accepted when ``num_rows`` is not given
+            (equal outside FULL mode).
+        head_dim, index_kpool: ``D`` and ``P`` of the launch.
+        channel: the element's channel (compression tiles split the channels in ``D_SPLIT`` chunks).
+        cap: unused (the plan knows its grid); kept for callers that pass :func:`grid_cap`.
     """
-    compress = _ops(package, "ops.compress")
-    block_t, _ = compress.cache_update_tiles(num_live, head_dim, backend)
-    work = _cdiv(num_live, block_t)
-    return block_t, Launch(tiles=work, grid=max(1, min(work, cap)))
-
-
-def cache_update_program(row: int, *, num_live: int, head_dim: int, backend: str, cap: int,
-                         package: str = "kpool") -> int:
-    """Program of launch 1 (compression) and launch 2 (ring write) that handles token ``row``."""
-    block_t, launch = cache_update_tiling(num_live, head_dim, backend, cap, package=package)
-    return launch.program_of_tile(row // block_t)
+    plan = _plan(package)
+    rows = num_rows if num_rows is not None else num_live
+    on = _on(backend, device)
+    if kernel == "ring_write":
+        launch = plan.ring_write_plan(rows, head_dim, on)
+        per_tile = launch.constexprs["BLOCK_T"]
+    else:
+        launch = plan.compress_plan(rows, head_dim, index_kpool, on)
+        per_tile = launch.constexprs["BLOCK_J"] * launch.constexprs["P"]
+        split = launch.constexprs["D_SPLIT"]
+        chunks = -(-int(head_dim) // split)
+        return launch.program_of_tile((int(row) // per_tile) * chunks + int(channel) // split)
+    return launch.program_of_tile(int(row) // per_tile)
 
 
 def expand_program(row: int, column: int, *, num_rows: int, width: int, backend: str,
                    package: str = "kpool", device=None) -> int:
-    """Program of ``_expand_kernel`` that writes output element ``(row, column)`` of a ``[T, width]``
-    output (``width`` = caller buffer width, else ``W``)."""
-    indexer = _ops(package, "ops.indexer")
-    br, bc = indexer._EXPAND_TILES[backend]
-    n_col_blocks = _cdiv(width, bc)
-    tiles = _cdiv(num_rows, br) * n_col_blocks
-    launch = Launch(tiles=tiles, grid=_indexer_grid(indexer, tiles, backend, device))
-    return launch.program_of_tile((row // br) * n_col_blocks + column // bc)
+    """Program of the expansion kernel that writes output element ``(row, column)`` of a
+    ``[T, width]`` output (``width`` = caller buffer width, else ``W``)."""
+    launch = _plan(package).expand_plan(num_rows, width, _on(backend, device))
+    br, bc = launch.constexprs["BLOCK_ROWS"], launch.constexprs["BLOCK_COLS"]
+    n_col_blocks = -(-int(width) // bc)
+    return launch.program_of_tile((int(row) // br) * n_col_blocks + int(column) // bc)
 
 
 def score_program(row: int, pool: int, *, num_live: int, max_pool_seq_len: int, num_heads: int,
                   score_mode: str, backend: str, max_score_rows: Optional[int] = None,
-                  package: str = "kpool", device=None):
-    """``(chunk, program)`` of ``_score_kernel`` that scores pool ``pool`` of live row ``row``:
-    ``chunk`` is the index of the score launch (row chunk of ``kpool.indexer.forward``),
-    ``program`` the program id within it."""
-    orchestration = _ops(package, "indexer")
-    indexer = _ops(package, "ops.indexer")
-    per_chunk = max(1, orchestration.SCORE_SCRATCH_BYTES // (4 * max_pool_seq_len))
-    if max_score_rows is not None:
-        per_chunk = max(1, min(per_chunk, max_score_rows))
-    chunk, local = divmod(row, per_chunk)
-    n = min(per_chunk, num_live - chunk * per_chunk)
-    cells = _next_pow2(num_heads) if score_mode == "relu" else 1
-    br, bp = indexer._score_tiles(backend, n, max_pool_seq_len, cells)
-    n_pool_blocks = _cdiv(max_pool_seq_len, bp)
-    tiles = _cdiv(n, br) * n_pool_blocks
-    launch = Launch(tiles=tiles, grid=_indexer_grid(indexer, tiles, backend, device))
-    return chunk, launch.program_of_tile((local // br) * n_pool_blocks + pool // bp)
+                  package: str = "kpool", device=None, cum_query_lens: Optional[Sequence[int]] = None,
+                  num_rows: Optional[int] = None, head_dim: int = 16):
+    """``(chunk, program)`` of the score launch that scores pool ``pool`` of live row ``row``:
+    ``chunk`` is the index of the score chunk (``kpool.indexer.forward``), ``program`` the program
+    id within the decode or prefill kernel of that chunk (:func:`score_kernel`).
+
+    Args:
+        cum_query_lens: the step's exclusive query ends (default: one request of ``num_live`` rows).
+        num_rows: ``T`` (default ``num_live``); head_dim: ``D`` (tiles do not depend on it).
+    """
+    orchestration = __import__(f"{package}.indexer", fromlist=["SCORE_SCRATCH_BYTES"])
+    plan = _plan(package)
+    cum = list(cum_query_lens) if cum_query_lens is not None else [int(num_live)]
+    T = int(num_rows if num_rows is not None else num_live)
+    per_chunk = plan.score_scratch_rows(max_pool_seq_len, orchestration.SCORE_SCRATCH_BYTES, max_score_rows)
+    chunk = int(row) // per_chunk
+    row_start, n = chunk * per_chunk, min(per_chunk, T - chunk * per_chunk)
+    on = _on(backend, device)
+    r = bisect.bisect_right(cum, int(row))
+    q_lo = cum[r - 1] if r else 0
+    heads = 3 if score_mode == "merged" else num_heads
+    if cum[r] - q_lo <= plan.DECODE_ROWS:
+        launch = plan.score_decode_plan(len(cum), max_pool_seq_len, heads, head_dim, on)
+        segments = plan.decode_segments(launch, len(cum), max_pool_seq_len)
+        per = -(-(-(-max_pool_seq_len // launch.constexprs["BLOCK_N"])) // segments)
+        return chunk, launch.program_of_tile(r * segments + int(pool) // launch.constexprs["BLOCK_N"] // per)
+    launch = plan.score_prefill_plan(n, len(cum), T, max_pool_seq_len, head_dim, on)
+    bm, bn = launch.constexprs["BLOCK_M"], launch.constexprs["BLOCK_N"]
+    blocks, block_of = 0, {}
+    for i, end in enumerate(cum):          # the prefill blocks, aligned to request starts
+        start = cum[i - 1] if i else 0
+        block_of[i] = blocks
+        if end - start > plan.DECODE_ROWS:
+            blocks += -(-(end - start) // bm)
+    first = block_of[bisect.bisect_right(cum, row_start)] if bisect.bisect_right(cum, row_start) < len(cum) else blocks
+    rs = bisect.bisect_right(cum, row_start)
+    if rs < len(cum) and cum[rs] - (cum[rs - 1] if rs else 0) > plan.DECODE_ROWS:
+        first += (row_start - (cum[rs - 1] if rs else 0)) // bm
+    v = block_of[r] + (int(row) - q_lo) // bm
+    n_pb = -(-max_pool_seq_len // bn)
+    return chunk, launch.program_of_tile((v - first) * n_pb + int(pool) // bn)
+
+
+def score_kernel(row: int, cum_query_lens: Sequence[int], *, package: str = "kpool") -> str:
+    """``"_score_decode_kernel"`` or ``"_score_prefill_kernel"``: which kernel scores ``row``
+    (by its request's query length, kpool.ops.plan.DECODE_ROWS)."""
+    cum = list(cum_query_lens)
+    r = bisect.bisect_right(cum, int(row))
+    q_lo = cum[r - 1] if r else 0
+    return "_score_decode_kernel" if cum[r] - q_lo <= _plan(package).DECODE_ROWS else "_score_prefill_kernel"

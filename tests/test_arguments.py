@@ -74,8 +74,6 @@ def test_pack_tail_must_be_bool(value, torch_device):
         SMALL.with_(pack_tail=value)
 
 
-@pytest.mark.xfail(strict=True, reason="kpool.indexer.forward does not pass pack_tail to validate_forward yet "
-                                       "(the lead wires `pack_tail=pack_tail`); strict: remove this mark then")
 def test_forward_rejects_a_non_bool_pack_tail(torch_device):
     caches, kw = small_batch(SMALL, device=torch_device)
     kw["pack_tail"] = "no"

@@ -221,24 +221,26 @@ def test_repeat_runs_must_be_bitwise_identical():
 PROBES = {
     # each kernel stores its own program id instead of its result (probe, not a fault)
     "probe-compress": ("ops/compress.py",
-                       "tl.store(cc_ptr + dst[:, None] + offs_d[None, :] * cc_s3, bf16_rne_int16(out),",
-                       "tl.store(cc_ptr + dst[:, None] + offs_d[None, :] * cc_s3, (tl.zeros_like(out) + pid).to(tl.int16),",
+                       "tl.store(cache_ptr + dst[:, None] + dims[None, :] * stride_cache_d, bf16_rne_int16(out),",
+                       "tl.store(cache_ptr + dst[:, None] + dims[None, :] * stride_cache_d, "
+                       "(tl.zeros_like(out) + tl.program_id(0)).to(tl.int16),",
                        None),
     "probe-ring": ("ops/compress.py",
-                   "tl.store(tail_ptr + dst[:, None] + offs_d[None, :] * t_s3, kv, mask=mask)",
-                   "tl.store(tail_ptr + dst[:, None] + offs_d[None, :] * t_s3, tl.zeros_like(kv) + pid, mask=mask)",
+                   "tl.store(tail_ptr + dst[:, None] + dims[None, :] * stride_tail_d, kv, mask=mask)",
+                   "tl.store(tail_ptr + dst[:, None] + dims[None, :] * stride_tail_d, tl.zeros_like(kv) + pid, mask=mask)",
                    None),
-    "probe-expand": ("ops/indexer.py",
-                     "tl.store(out_ptr + row0.to(tl.int64) * stride_out + out_offs, val,",
-                     "tl.store(out_ptr + row0.to(tl.int64) * stride_out + out_offs, tl.zeros_like(val) + pid,",
+    "probe-expand": ("ops/expand.py",
+                     "tl.store(out_ptr + row0.to(tl.int64) * stride_out_t + out_offs, val,",
+                     "tl.store(out_ptr + row0.to(tl.int64) * stride_out_t + out_offs, tl.zeros_like(val) + pid,",
                      None),
 }
 
 
 def _probe_batch(torch_device):
-    """Two requests of 60 and 40 rows: 100 live rows -> two row tiles on the interpreter."""
+    """Two requests of 150 and 110 rows: 260 live rows -> two compression tiles of 256 rows on the
+    interpreter (and many ring-write and expansion tiles)."""
     from tests.helpers import small_batch
-    return small_batch(SMALL, requests=((0, 60), (0, 40)), num_pages=32, seed=5, device=torch_device)
+    return small_batch(SMALL, requests=((0, 150), (0, 110)), num_pages=40, seed=5, device=torch_device)
 
 
 def test_program_ids_match_what_the_kernels_report(device, torch_device):
@@ -255,7 +257,7 @@ def test_program_ids_match_what_the_kernels_report(device, torch_device):
     load_mutant("probe-compress", mutation=PROBES["probe-compress"]).forward(**kw)
     for t in range(T):
         if slots[t] >= 0:
-            want = programs.cache_update_program(t, num_live=T, head_dim=D, backend=device, cap=cap)
+            want = programs.cache_update_program(t, num_rows=T, head_dim=D, backend=device, device=torch_device)
             got = int(caches.compressed_cache.cpu().view(torch.int16)[slots[t] // 2, slots[t] % 2, 0, 0])
             assert got == want, (t, got, want)
             seen.add(want)
@@ -264,8 +266,9 @@ def test_program_ids_match_what_the_kernels_report(device, torch_device):
     caches, kw = _probe_batch(torch_device)
     load_mutant("probe-ring", mutation=PROBES["probe-ring"]).forward(**kw)
     C = SMALL.ring_capacity
-    for t in (56, 57, 58, 59, 96, 97, 98, 99):                      # the last C rows of each request
-        want = programs.cache_update_program(t, num_live=T, head_dim=D, backend=device, cap=cap)
+    for t in (146, 147, 148, 149, 256, 257, 258, 259):              # the last C rows of each request
+        want = programs.cache_update_program(t, num_rows=T, head_dim=D, backend=device, kernel="ring_write",
+                                             device=torch_device)
         assert int(caches.tail_cache.cpu().view(torch.int32)[tslots[t] // C, 0, tslots[t] % C, 0]) == want
     # expansion: every output element
     caches, kw = _probe_batch(torch_device)

@@ -1,4 +1,5 @@
-"""Bit-exact tests of the cache-update kernels (kpool/ops/compress.py) and the shared device
+"""Bit-exact tests of the cache-update kernels (kpool/ops/compress.py: tiles inside one request
+take the pool-per-lane path, other tiles the row-per-lane path) and the shared device
 helpers (kpool/ops/_portable.py) under the Triton CPU interpreter.
 
 Oracle: ``reference.numerics`` (exp_fp32, compress_pools) applied to the *whole* raw-key
@@ -266,7 +267,7 @@ class Sim:
             compressed_cache=self.caches.compressed_cache, tail_cache=self.caches.tail_cache,
             positions=md.positions, cum_query_lens=md.cum_query_lens, raw_seq_lens=md.raw_seq_lens,
             slot_mapping=md.slot_mapping, tail_block_table=md.tail_block_table,
-            tail_slot_mapping=md.tail_slot_mapping, num_live_tokens=md.num_live_tokens,
+            tail_slot_mapping=md.tail_slot_mapping,
             index_kpool=self.P, launch_options=launch_options)
         self.calls += 1
         if expect:
@@ -303,12 +304,7 @@ def _chunk_sizes(P):
     return [[P + 1, req1[k], 2 * P - 1] for k in range(steps)]
 
 
-@pytest.mark.parametrize("P,extra", [(1, 0), (1, 3), (2, 0), (2, 3), (4, 0), (4, 3), (8, 0), (8, 3)])
-def test_chunked_multi_request_prefill_matches_oracle(P, extra):
-    """Multi-request chunked prefill, chunk starts at every residue mod P (pools straddling a
-    chunk boundary read the ring seeded by the previous call), ring capacity C in {P, P+3}:
-    both caches bitwise equal the whole-history oracle after every call (C11: no pooling across
-    request boundaries; ring = the last C rows of each request, bit-exact)."""
+def _chunked_prefill_against_oracle(P: int, extra: int) -> None:
     C = P + extra
     sizes = _chunk_sizes(P)
     lengths = [sum(s[i] for s in sizes) for i in range(3)]
@@ -321,12 +317,38 @@ def test_chunked_multi_request_prefill_matches_oracle(P, extra):
     assert residues == set(range(P))   # every chunk-start residue (0 = pool-aligned resume)
 
 
+@pytest.mark.parametrize("P,extra", [(1, 0), (1, 3), (2, 0), (2, 3), (4, 0), (4, 3), (8, 0), (8, 3)])
+def test_chunked_multi_request_prefill_matches_oracle(P, extra):
+    """Multi-request chunked prefill, chunk starts at every residue mod P (pools straddling a
+    chunk boundary read the ring seeded by the previous call), ring capacity C in {P, P+3}:
+    both caches bitwise equal the whole-history oracle after every call (C11: no pooling across
+    request boundaries; ring = the last C rows of each request, bit-exact)."""
+    _chunked_prefill_against_oracle(P, extra)
+
+
+@pytest.mark.parametrize("P,extra", [(1, 3), (4, 0), (4, 3)])
+def test_compiled_backends_tiling_matches_oracle(P, extra, monkeypatch):
+    """The compiled backends' tiling under the interpreter: one pool per lane in tiles inside
+    one request (the chunk interiors), P row groups elsewhere (request edges, decode rows),
+    channels split over tiles."""
+    from kpool.ops import plan
+    monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=2, BLOCK_D=4, D_SPLIT=8, window=2 ** 20, cap=2))
+    assert not plan.compress_plan(64, 16, P, "cpu").constexprs["ROWS_AT_ONCE"]
+    long = Sim(P=P, C=P + extra, lengths=[5 + 61, 40], seed=P + extra)   # long chunks: one-request tiles
+    long.step([(0, 5), (1, 17)])
+    long.step([(0, 61), (1, 23)])
+    _chunked_prefill_against_oracle(P, extra)
+
+
 def test_grid_stride_loop_and_partial_blocks(monkeypatch):
-    """Tiny row blocks and a tiny grid force several grid-stride iterations per program and
-    partial last blocks; results unchanged (bitwise vs oracle). Also checks an explicit empty
+    """Tiny tiles (one pool lane, channel chunks of 4) and a tiny grid force several grid-stride
+    iterations per program, tiles across request boundaries (the per-row path) and partial last
+    tiles; results unchanged (bitwise vs oracle). Also checks an explicit empty
     ``launch_options`` dict."""
-    monkeypatch.setattr(compress_mod, "_MAX_BLOCK_T", 2)
-    monkeypatch.setattr(compress_mod, "_CPU_GRID_CAP", 3)
+    from kpool.ops import plan
+    monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=1, BLOCK_D=4, D_SPLIT=8, window=2 ** 20, cap=3))
+    assert not plan.compress_plan(8, 16, 4, "cpu").constexprs["ROWS_AT_ONCE"]   # the compiled backends' path
+    monkeypatch.setitem(plan.TUNING["ring_write"], "cpu", dict(BLOCK_T=2, cap=3))
     sim = Sim(P=4, C=7, lengths=[12, 5, 8], seed=5)
     sim.step([(0, 7), (1, 2), (2, 5)])                      # 7 blocks of 2 rows on 3 programs
     sim.step([(0, 5), (1, 3), (2, 3)], launch_options={})
@@ -580,7 +602,7 @@ class _NoLaunch:
 def test_empty_batch_launches_nothing(empty, monkeypatch):
     """§9 item 3: T_live == 0 or R == 0 -> no launch, caches untouched (even with padded rows
     carrying stale positive ring slots)."""
-    monkeypatch.setattr(compress_mod, "_compress_pools_kernel", _NoLaunch())
+    monkeypatch.setattr(compress_mod, "_compress_kernel", _NoLaunch())
     monkeypatch.setattr(compress_mod, "_ring_write_kernel", _NoLaunch())
     sim = Sim(P=4, C=4, lengths=[4], seed=29)
     if empty == "tokens":

@@ -1,5 +1,11 @@
-"""Kernel-level tests of ``kpool.ops.indexer`` against ``reference.numerics`` (kpool-algorithm.md
-§4.1-§4.5, §7, §11): scores bitwise, canonical top-k, row expansion exactly.
+"""Kernel-level tests of the lightning-indexer kernels (``kpool.ops.score``, ``.topk``,
+``.expand``) against ``reference.numerics`` (kpool-algorithm.md §4.1-§4.5, §7, §11).
+
+Scores are ``tl.dot`` accumulations, so they equal the reference bit for bit on exact data (every
+partial sum exact: small integers and dyadic fractions) and lie within the certified fp32
+accumulation bound ``gamma_n * sum |w q c|`` (parity-contract.md §3.2, ``n = D + H + 1``) of the
+exact float64 score on random data. Kernel against kernel (tiles, grids, chunks, the decode or
+prefill tiling) everything is bitwise. Selection and expansion are exact everywhere.
 
 Runs on the device the project resolves (default: the CPU Triton interpreter); tensors are
 created on the host and moved to that device, results are compared on the host.
@@ -19,6 +25,8 @@ from kpool.cache import allocate_caches  # noqa: E402
 from kpool.config import KPoolConfig  # noqa: E402
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata  # noqa: E402
 from kpool.ops import indexer as ix  # noqa: E402
+from kpool.ops import plan  # noqa: E402
+from parity.certificates import gamma, score_terms  # noqa: E402
 from reference import numerics as rn  # noqa: E402
 
 LOWEST = rn.LOWEST
@@ -50,17 +58,26 @@ def with_subnormals(x: torch.Tensor, gen: torch.Generator, fraction: float = 0.0
     return torch.where(pick, sub, bits).view(torch.bfloat16)
 
 
+def exact_values(shape, gen, scale: float, dtype=torch.bfloat16) -> torch.Tensor:
+    """Integers in [-4, 4] times a power of two: every score partial sum is exact in fp32."""
+    return (torch.randint(-4, 5, shape, generator=gen).to(torch.float32) * scale).to(dtype)
+
+
 # --------------------------------------------------------------------------- batch fixture
 
 class Batch:
     """A multi-request batch (prefill from 0, chunked prefill, a zero-length request, a decode
     row, a second chunk) with permuted pages, a padded page stride, guard bands, a
-    non-contiguous block table holding one out-of-range page id, and two padded rows."""
+    non-contiguous block table holding one out-of-range page id, and two padded rows. Requests
+    of 9 rows go to the prefill kernel, those of 1, 4 and 5 rows to the decode kernel.
 
-    def __init__(self, H: int, weights_dtype=torch.float32, full_mode: bool = False, seed: int = 0):
+    ``values="random"``: N(0, 1) data with bf16 subnormals; ``"exact"``: small dyadic values."""
+
+    def __init__(self, H: int, weights_dtype=torch.float32, full_mode: bool = False, seed: int = 0,
+                 values: str = "random", head_dim: int = D):
         gen = torch.Generator().manual_seed(seed)
-        self.H = H
-        cfg = KPoolConfig(index_n_heads=H, index_head_dim=D, index_kpool=P, index_topk=K_TOK)
+        self.H, self.D = H, head_dim
+        cfg = KPoolConfig(index_n_heads=H, index_head_dim=head_dim, index_kpool=P, index_topk=K_TOK)
         shape = [(0, 9), (13, 5), (0, 0), (30, 1), (5, 4)]          # (cached_len, query_len)
         pages_needed = [-(-((c + q) // P) // B) for c, q in shape]
         num_pages = sum(pages_needed) + 2
@@ -77,10 +94,19 @@ class Batch:
         self.caches = allocate_caches(cfg, num_pages=num_pages, page_size=B, num_tail_blocks=len(shape),
                                       page_padding=5, guard=7, fill_bf16_bits=NAN_BF16, device=DEV)
         cache = self.caches.compressed_cache
-        host = with_subnormals(torch.randn(cache.shape, generator=gen).to(torch.bfloat16), gen)
-        # A pool key made only of subnormals (request 0, pool 1): its scores are tiny and
-        # expose any inexact bf16 -> fp32 upcast (isolated subnormals vanish in the sums).
-        host[tables[0][0], 1, 0, :] = with_subnormals(host[tables[0][0], 1, 0, :], gen, fraction=1.0)
+        self.T = meta.num_tokens
+        if values == "exact":
+            host = exact_values(cache.shape, gen, 0.25)
+            self.q = exact_values((self.T, H, head_dim), gen, 1.0)
+            self.weights = exact_values((self.T, H), gen, 2.0 ** -6, weights_dtype)
+        else:
+            host = with_subnormals(torch.randn(cache.shape, generator=gen).to(torch.bfloat16), gen)
+            # A pool key made only of subnormals (request 0, pool 1): its scores are tiny and
+            # expose any inexact bf16 -> fp32 upcast (isolated subnormals vanish in the sums).
+            host[tables[0][0], 1, 0, :] = with_subnormals(host[tables[0][0], 1, 0, :], gen, fraction=1.0)
+            self.q = with_subnormals(torch.randn(self.T, H, head_dim, generator=gen).to(torch.bfloat16), gen)
+            self.q[11] = with_subnormals(self.q[11], gen, fraction=1.0)     # a query of subnormals only
+            self.weights = torch.randn(self.T, H, generator=gen).to(weights_dtype)
         cache.copy_(host.to(DEV))
         # Logical page 2 of the decode request (pools 6..8, pool 6 visible) points far outside
         # the cache: the kernel clamps it to page N-1 (address legality only, §4.6).
@@ -93,11 +119,7 @@ class Batch:
         self.block_table.copy_(bt.to(DEV))
         assert not self.block_table.is_contiguous()
         self.meta = meta
-        self.T = meta.num_tokens
         self.t_live = meta.num_live_tokens
-        self.q = with_subnormals(torch.randn(self.T, H, D, generator=gen).to(torch.bfloat16), gen)
-        self.q[11] = with_subnormals(self.q[11], gen, fraction=1.0)     # a query of subnormals only
-        self.weights = torch.randn(self.T, H, generator=gen).to(weights_dtype)
 
     def kwargs(self, max_pool_seq_len=None):
         m = self.meta
@@ -114,10 +136,16 @@ class Batch:
             out = torch.empty(num_rows, kw["max_pool_seq_len"], dtype=torch.float32, device=DEV)
         return ix.score_pools(**kw, score_mode=mode, row_start=row_start, num_rows=num_rows, out=out, **extra)
 
-    def reference(self, mode, rows=None):
-        """``pool_scores`` + ``sanitize_scores`` on host gathers of each row's pools."""
+    def keys(self, mode, row_start=0, num_rows=None):
+        num_rows = self.t_live if num_rows is None else num_rows
+        kw = self.kwargs()
+        keys = torch.full((num_rows, kw["max_pool_seq_len"]), 7, dtype=torch.int64, device=DEV)
+        return ix.score_keys(**kw, score_mode=mode, row_start=row_start, num_rows=num_rows, keys=keys)
+
+    def pools(self, rows):
+        """Host gathers ``[rows, max_pool_seq_len, D]`` of each row's pools, the visible counts and
+        the request of each row."""
         m = self.meta
-        rows = torch.arange(self.t_live) if rows is None else rows
         cum = m.cum_query_lens.tolist()
         R = len(cum)
         req = torch.tensor([min(sum(c <= t for c in cum), R - 1) for t in rows.tolist()])
@@ -127,49 +155,118 @@ class Batch:
         page = self.block_table_host[req][:, j // B].long().clamp(0, N - 1)
         pools = cache[page, (j % B)[None, :].expand_as(page), 0, :]
         visible = torch.minimum((m.positions[rows] + 1) // P, m.seq_lens[req].long())
+        return pools, visible
+
+    def reference(self, mode, rows=None):
+        """``pool_scores`` + ``sanitize_scores`` on host gathers of each row's pools."""
+        rows = torch.arange(self.t_live) if rows is None else rows
+        pools, visible = self.pools(rows)
         raw = rn.pool_scores(self.q[rows], self.weights[rows], pools, mode)
         return rn.sanitize_scores(raw, visible), visible
 
+    def exact_f64(self, mode):
+        """float64 scores and the certified bound ``gamma_n * sum |w q c|`` of every live cell."""
+        rows = torch.arange(self.t_live)
+        pools, visible = self.pools(rows)
+        c = pools.to(torch.float64)
+        q = self.q[rows].to(torch.float64)
+        w = self.weights[rows].to(torch.float64)
+        dots = torch.einsum("tnd,thd->tnh", c, q)
+        terms = dots.clamp_min(0) if mode == "relu" else dots
+        score = torch.einsum("tnh,th->tn", terms, w)
+        mag = torch.einsum("tnd,thd,th->tn", c.abs(), q.abs(), w.abs())
+        return score, gamma(score_terms(self.H, self.D)) * mag, visible
 
-# --------------------------------------------------------------------------- score_pools
+
+# --------------------------------------------------------------------------- score_keys
 
 @pytest.mark.parametrize("mode", ["relu", "merged"])
-@pytest.mark.parametrize("H,wdtype", [(1, torch.float32), (2, torch.bfloat16), (3, torch.float32)])
-def test_scores_bitwise_equal_reference(mode, H, wdtype):
-    batch = Batch(H, wdtype, seed=H)
+@pytest.mark.parametrize("H,wdtype", [(1, torch.float32), (2, torch.bfloat16), (3, torch.float32),
+                                      (20, torch.bfloat16)])
+def test_exact_data_scores_bitwise_equal_reference(mode, H, wdtype):
+    batch = Batch(H, wdtype, seed=H, values="exact")
     got = batch.score(mode)
     want, visible = batch.reference(mode)
     assert got.shape == (batch.t_live, batch.meta.max_pool_seq_len)
-    assert_bits_equal(got, want)
-    # Non-vacuous: visible cells carry real scores, invisible ones LOWEST.
+    assert_bits_equal(got, want.where(want != 0, torch.zeros_like(want)))   # -0.0 is keyed as +0.0
+    # Non-vacuous: visible cells carry real scores (not all zero), invisible ones LOWEST.
     j = torch.arange(want.shape[1])[None, :]
     assert (want[j < visible[:, None]] > LOWEST).all() and (want[j >= visible[:, None]] == LOWEST).all()
-    assert int((j < visible[:, None]).sum()) > 20
+    assert int((want[j < visible[:, None]] != 0).sum()) > 10
 
 
 @pytest.mark.parametrize("mode", ["relu", "merged"])
-def test_full_mode_capacity_and_tile_size_invariance(mode):
+@pytest.mark.parametrize("H,wdtype,head_dim", [(2, torch.float32, 16), (3, torch.bfloat16, 16),
+                                               (5, torch.float32, 8), (2, torch.float32, 32)])
+def test_random_scores_within_the_certified_bound(mode, H, wdtype, head_dim):
+    batch = Batch(H, wdtype, seed=20 + H, head_dim=head_dim)
+    got = batch.score(mode).cpu().to(torch.float64)
+    exact, bound, visible = batch.exact_f64(mode)
+    ref, _ = batch.reference(mode)
+    vis = torch.arange(got.shape[1])[None, :] < visible[:, None]
+    err = (got - exact).abs()[vis]
+    assert (err <= bound[vis]).all(), float((err - bound[vis]).max())
+    assert ((ref.to(torch.float64) - exact).abs()[vis] <= bound[vis]).all()     # the bound is real
+    assert (got[~vis] == LOWEST).all()
+    # Non-vacuous: the bound is a few fp32 ulps of the terms, far below any real score error.
+    assert float((bound[vis] / exact.abs()[vis].clamp_min(1e-30)).median()) < 1e-4
+
+
+@pytest.mark.parametrize("mode", ["relu", "merged"])
+def test_keys_are_the_canonical_keys_of_the_scores(mode):
+    """The fused epilogue writes exactly ``topk.canonical_keys`` of the scores it computed."""
+    batch = Batch(3, seed=8)
+    keys = batch.keys(mode).cpu()
+    assert torch.equal(keys, ix.canonical_keys(ix.key_scores(keys)))
+    assert torch.equal(ix.key_pool_ids(keys), torch.arange(keys.shape[1], dtype=torch.int32).expand_as(keys))
+
+
+def _kernel_runs(batch, mode, tunings):
+    """Scores of ``batch`` under each ``TUNING`` override of the interpreter's plan."""
+    out = []
+    for override in tunings:
+        saved = {k: dict(v["cpu"]) for k, v in plan.TUNING.items()}
+        try:
+            for kernel, values in override.items():
+                plan.TUNING[kernel]["cpu"].update(values)
+            out.append(batch.score(mode).cpu())
+        finally:
+            for k, v in saved.items():
+                plan.TUNING[k]["cpu"] = v
+    return out
+
+
+@pytest.mark.parametrize("mode", ["relu", "merged"])
+def test_full_mode_capacity_tile_and_grid_invariance(mode):
     batch = Batch(3, full_mode=True, seed=7)
     assert batch.meta.max_pool_seq_len == batch.block_table.shape[1] * B
-    want, _ = batch.reference(mode)
-    results = [batch.score(mode, block_rows=br, block_pools=bp)
-               for br, bp in [(None, None), (16, 128), (1, 4), (2, 8), (4, 2)]]
-    for got in results:
-        assert_bits_equal(got, want)
+    runs = _kernel_runs(batch, mode, [
+        {}, {"score_decode": {"BLOCK_N": 16}, "score_prefill": {"BLOCK_M": 16, "BLOCK_N": 16}},
+        {"score_decode": {"BLOCK_N": 32, "cap": 1}, "score_prefill": {"BLOCK_N": 64, "cap": 3}},
+        {"score_decode": {"cap": 2}, "score_prefill": {"BLOCK_M": 32, "BLOCK_N": 16, "cap": 1}}])
+    for got in runs[1:]:
+        assert_bits_equal(got, runs[0])
+    exact, bound, visible = batch.exact_f64(mode)
+    vis = torch.arange(runs[0].shape[1])[None, :] < visible[:, None]
+    assert ((runs[0].to(torch.float64) - exact).abs()[vis] <= bound[vis]).all()
 
 
-def test_grid_stride_loop_with_capped_grid(monkeypatch):
-    batch = Batch(2, seed=3)
-    want, _ = batch.reference("relu")
-    monkeypatch.setattr(ix, "MAX_GRID", 3)
-    assert_bits_equal(batch.score("relu", block_rows=2, block_pools=2), want)
+@pytest.mark.parametrize("decode_rows", [0, 4, 100])
+def test_decode_or_prefill_tiling_exact_data_bitwise(monkeypatch, decode_rows):
+    """Every request through the prefill kernel (0), the split of the default batch (4), or
+    every request through the decode kernel (100): exact data equals the reference bitwise."""
+    monkeypatch.setattr(plan, "DECODE_ROWS", decode_rows)
+    for mode in ("relu", "merged"):
+        batch = Batch(2, torch.bfloat16, seed=31, values="exact")
+        want, _ = batch.reference(mode)
+        assert_bits_equal(batch.score(mode), want.where(want != 0, torch.zeros_like(want)))
 
 
 def test_row_chunking_uses_global_rows_and_leaves_scratch_tail():
     batch = Batch(2, seed=11)
     mps = batch.meta.max_pool_seq_len
     for mode in ("relu", "merged"):
-        want, _ = batch.reference(mode)
+        whole = batch.score(mode).cpu()
         pieces = []
         for start in range(0, batch.t_live, 5):
             n = min(5, batch.t_live - start)
@@ -179,14 +276,20 @@ def test_row_chunking_uses_global_rows_and_leaves_scratch_tail():
             host = scratch.cpu()
             assert (host[:, mps:] == 12345.0).all() and (host[n:] == 12345.0).all()
             pieces.append(got.cpu().clone())
-        assert_bits_equal(torch.cat(pieces), want)
+        assert_bits_equal(torch.cat(pieces), whole)
+
+
+def test_padding_rows_are_never_written():
+    batch = Batch(2, seed=12)
+    keys = batch.keys("relu", num_rows=batch.T).cpu()
+    assert (keys[batch.t_live:] == 7).all()                  # the scratch's fill survives
+    assert not (keys[:batch.t_live] == 7).any()
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy (interpreter) warns on inf - inf
 @pytest.mark.parametrize("mode", ["relu", "merged"])
 def test_nan_and_inf_are_sanitized(mode):
-    batch = Batch(2, seed=5)
-    m = batch.meta
+    batch = Batch(2, seed=5, values="exact")
     cache = batch.caches.compressed_cache
     bt = batch.block_table_host
     # Request 1 (rows 9..13, positions 13..17, 4 pools): pool 0 channel 3 = +inf with positive
@@ -198,12 +301,14 @@ def test_nan_and_inf_are_sanitized(mode):
     cache[int(bt[1, 0]), 0, 0, 3] = float("inf")
     cache[int(bt[1, 0]), 1, 0, 5] = float("-inf")
     cache[int(bt[1, 0]), 2, 0, 7] = float("nan")
-    # Request 0: a NaN query element (row 8) and an infinite head weight (row 6).
+    # Request 0 (prefill kernel): a NaN query element (row 8) and an infinite head weight
+    # (row 6); request 4 (decode kernel, rows 15..18): an infinite weight on row 17.
     batch.q[8, 1, 2] = float("nan")
     batch.weights[6, 0] = float("inf")
+    batch.weights[17, 1] = float("-inf")
     got = batch.score(mode)
     want, visible = batch.reference(mode)
-    assert_bits_equal(got, want)
+    assert_bits_equal(got, want.where(want != 0, torch.zeros_like(want)))
     assert (want[rows1, 0] == FLT_MAX).all()
     assert (want[rows1, 2] == LOWEST).all()                        # NaN pool
     assert (want[8, :int(visible[8])] == LOWEST).all()              # NaN query
@@ -213,7 +318,8 @@ def test_nan_and_inf_are_sanitized(mode):
 
 @pytest.mark.slow
 def test_glm_shaped_scores():
-    """GLM-5.3-Flash head geometry (H=32, D=128), a few rows, 2050 pools."""
+    """GLM-5.3-Flash head geometry (H=32, D=128), 6 rows (decode kernel) and 20 rows (prefill
+    kernel), 2050 pools: exact data bitwise, random data within the certified bound."""
     gen = torch.Generator().manual_seed(1)
     H, Dg, Bg = 32, 128, 16
     cfg = KPoolConfig(index_n_heads=H, index_head_dim=Dg, index_kpool=P, index_topk=2048)
@@ -221,50 +327,77 @@ def test_glm_shaped_scores():
     pages = -(-pools // Bg)
     caches = allocate_caches(cfg, num_pages=pages + 1, page_size=Bg, num_tail_blocks=1, page_padding=2 * Dg,
                              device=DEV)
-    caches.compressed_cache.copy_(torch.randn(caches.compressed_cache.shape, generator=gen).bfloat16().to(DEV))
     table = torch.randperm(pages + 1, generator=gen)[:pages].tolist()
-    meta = build_metadata(BatchSpec([RequestSpec(pools * P - 6, 6, table, 0)]), index_kpool=P,
-                          ring_capacity=P, page_size=Bg)
-    q = torch.randn(6, H, Dg, generator=gen).bfloat16()
-    w = (torch.randn(6, H, generator=gen) / 64).bfloat16()
-    for mode in ("relu", "merged"):
-        out = torch.empty(6, pools, device=DEV)
-        got = ix.score_pools(q=q.to(DEV), weights=w.to(DEV), compressed_cache=caches.compressed_cache,
-                             positions=meta.positions.to(DEV), cum_query_lens=meta.cum_query_lens.to(DEV),
-                             seq_lens=meta.seq_lens.to(DEV), block_table=meta.block_table.to(DEV),
-                             max_pool_seq_len=pools, index_kpool=P, score_mode=mode, row_start=0, num_rows=6,
-                             out=out)
-        j = torch.arange(pools)
-        c = caches.compressed_cache.cpu()[meta.block_table[0][j // Bg].long(), j % Bg, 0, :]
-        visible = (meta.positions + 1) // P
-        want = rn.sanitize_scores(rn.pool_scores(q, w, c, mode), visible)
-        assert_bits_equal(got, want)
+    for rows in (6, 20):
+        meta = build_metadata(BatchSpec([RequestSpec(pools * P - rows, rows, table, 0)]), index_kpool=P,
+                              ring_capacity=P, page_size=Bg)
+        for values in ("exact", "random"):
+            if values == "exact":
+                cache = exact_values(caches.compressed_cache.shape, gen, 0.25)
+                q, w = exact_values((rows, H, Dg), gen, 1.0), exact_values((rows, H), gen, 2.0 ** -6)
+            else:
+                cache = torch.randn(caches.compressed_cache.shape, generator=gen).bfloat16()
+                q, w = torch.randn(rows, H, Dg, generator=gen).bfloat16(), (torch.randn(rows, H, generator=gen) / 64).bfloat16()
+            caches.compressed_cache.copy_(cache.to(DEV))
+            j = torch.arange(pools)
+            c = caches.compressed_cache.cpu()[meta.block_table[0][j // Bg].long(), j % Bg, 0, :]
+            visible = (meta.positions + 1) // P
+            for mode in ("relu", "merged"):
+                out = torch.empty(rows, pools, device=DEV)
+                got = ix.score_pools(q=q.to(DEV), weights=w.to(DEV), compressed_cache=caches.compressed_cache,
+                                     positions=meta.positions.to(DEV), cum_query_lens=meta.cum_query_lens.to(DEV),
+                                     seq_lens=meta.seq_lens.to(DEV), block_table=meta.block_table.to(DEV),
+                                     max_pool_seq_len=pools, index_kpool=P, score_mode=mode, row_start=0,
+                                     num_rows=rows, out=out).cpu()
+                want = rn.sanitize_scores(rn.pool_scores(q, w, c, mode), visible)
+                if values == "exact":
+                    assert_bits_equal(got, want.where(want != 0, torch.zeros_like(want)))
+                    continue
+                cd, qd, wd = c.double(), q.double(), w.double()
+                dots = torch.einsum("nd,thd->tnh", cd, qd)
+                exact = torch.einsum("tnh,th->tn", dots.clamp_min(0) if mode == "relu" else dots, wd)
+                bound = gamma(score_terms(H, Dg)) * torch.einsum("nd,thd,th->tn", cd.abs(), qd.abs(), wd.abs())
+                vis = j[None, :] < visible[:, None]
+                assert ((got.double() - exact).abs()[vis] <= bound[vis]).all()
 
 
 # --------------------------------------------------------------------------- select_topk
 
 def _check_topk(scores: torch.Tensor, selected: int) -> None:
-    ids, values = ix.select_topk(scores.to(DEV), selected)
-    assert ids.dtype == torch.int32 and values.dtype == torch.float32
-    assert ids.shape == values.shape == (scores.shape[0], selected)
-    want_ids, want_valid = rn.canonical_topk(scores, selected)
-    assert torch.equal(ids.cpu().long(), want_ids)
-    assert_bits_equal(values, scores.gather(1, want_ids))
-    assert torch.equal(values.cpu() > LOWEST, want_valid)
+    """Keys of ``scores`` -> select_topk -> the reference's stable descending sort, bit for bit."""
+    top = ix.select_topk(ix.canonical_keys(scores).to(DEV), selected).cpu()
+    assert top.dtype == torch.int64 and top.shape == (scores.shape[0], selected)
+    every = torch.zeros(scores.shape[0], dtype=torch.int64) + scores.shape[1]
+    sanitized = rn.sanitize_scores(scores, every)                       # §4.3: NaN, -inf, +inf
+    want_ids, want_valid = rn.canonical_topk(sanitized, selected)
+    assert torch.equal(ix.key_pool_ids(top).long(), want_ids)
+    assert torch.equal(ix.key_valid(top), want_valid)
+    want_scores = sanitized.gather(1, want_ids)
+    assert_bits_equal(ix.key_scores(top), torch.where(want_scores == 0, torch.zeros_like(want_scores), want_scores))
 
 
-def test_select_topk_matches_canonical_with_ties_and_signed_zeros():
+def test_select_topk_matches_a_stable_sort_on_adversarial_rows():
     gen = torch.Generator().manual_seed(2)
-    palette = torch.tensor([-1.0, 0.0, -0.0, 2.0, 3.0, LOWEST, FLT_MAX, 2.5e-38], dtype=torch.float32)
-    scores = palette[torch.randint(0, len(palette), (9, 23), generator=gen)]
+    n = 23
+    palette = torch.tensor([-1.0, 0.0, -0.0, 2.0, 3.0, LOWEST, FLT_MAX, 2.5e-38, float("inf"), float("-inf")])
+    scores = palette[torch.randint(0, len(palette), (12, n), generator=gen)]
     scores[0] = 0.0
     scores[0, ::2] = -0.0                                    # -0.0 and +0.0 tie: ascending pool id
     scores[1] = LOWEST                                       # nothing valid
-    scores[2] = torch.randn(23, generator=gen)               # no ties
-    for selected in (0, 1, 5, 23):
+    scores[2] = torch.randn(n, generator=gen)               # no ties
+    scores[3] = 1.5                                          # all equal
+    one = torch.tensor(1.0).view(torch.int32)                # dense near-ties: 1 + (k % 4) ulp
+    scores[4] = torch.stack([(one + k % 4).view(torch.float32) for k in range(n)])
+    scores[5] = LOWEST
+    scores[5, [3, 17]] = torch.tensor([0.5, 0.5])           # fewer valid pools than selected
+    scores[6, :] = float("nan")
+    scores[6, 4] = 1.0                                       # NaN sanitized to LOWEST
+    scores[7] = torch.tensor([FLT_MAX, float("inf")] * 11 + [3.0])   # +inf clamps to FLT_MAX: ties
+    scores[8, :] = torch.finfo(torch.float32).tiny * torch.arange(n).remainder(3)    # tiny ties
+    for selected in (0, 1, 5, n):
         _check_topk(scores, selected)
-    ids, _ = ix.select_topk(scores[:1].to(DEV), 23)
-    assert ids.cpu().tolist() == [list(range(23))]
+    top = ix.select_topk(ix.canonical_keys(scores[:1]).to(DEV), n).cpu()
+    assert ix.key_pool_ids(top).tolist() == [list(range(n))]
 
 
 def test_select_topk_random_rows():
@@ -272,9 +405,16 @@ def test_select_topk_random_rows():
     scores = torch.randint(-3, 4, (40, 70), generator=gen).to(torch.float32)
     scores[scores == -3] = LOWEST
     _check_topk(scores, 17)
+    _check_topk(torch.randn(8, 5000, generator=gen), 512)
 
 
 # --------------------------------------------------------------------------- expand_indices
+
+def _top_keys(ids, scores):
+    """int64 selected keys of pool ``ids`` with sanitized ``scores`` (the selection's output)."""
+    image = ix.canonical_keys(scores) >> 32
+    return (image << 32) | (0xFFFFFFFF - ids.to(torch.int64))
+
 
 def _expected_rows(ids, scores, positions, t_live, T, width, K, Pp, pack):
     rows = []
@@ -285,6 +425,10 @@ def _expected_rows(ids, scores, positions, t_live, T, width, K, Pp, pack):
         else:
             rows.append([-1] * width)
     return torch.tensor(rows, dtype=torch.int32)
+
+
+def _cum(t_live):
+    return torch.tensor([t_live], dtype=torch.int32, device=DEV)
 
 
 @pytest.mark.parametrize("Pp,K", [(1, 8), (4, 8), (8, 16)])
@@ -298,18 +442,18 @@ def test_expand_matches_expand_row_in_strided_buffer(Pp, K, pack, which):
     positions = torch.tensor([0, 1, Pp - 1, Pp, K - 1, K + 2, 999, 37, 5, 12, 0, 0, 0], dtype=torch.int64)
     T, t_live = positions.shape[0], 10
     positions[t_live:] = torch.tensor([3, 17, 40])            # padding rows: ignored
-    # Selection tensors as strided views (slices of wider buffers).
-    ids_full = torch.randint(0, 300, (t_live, selected + 3), generator=gen, dtype=torch.int32)
-    sc_full = torch.randn(t_live, selected + 3, generator=gen)
-    sc_full[torch.rand(t_live, selected + 3, generator=gen) < 0.3] = LOWEST    # invalid slots
+    # The selected keys as a strided view (a slice of a wider buffer).
+    ids_full = torch.randint(0, 300, (T, selected + 3), generator=gen, dtype=torch.int32)
+    sc_full = torch.randn(T, selected + 3, generator=gen)
+    sc_full[torch.rand(T, selected + 3, generator=gen) < 0.3] = LOWEST    # invalid slots
     sc_full[0, :] = float("-inf")                              # -inf is invalid too
     ids, scores = ids_full[:, 1:1 + selected], sc_full[:, 1:1 + selected]
+    keys = _top_keys(ids_full, sc_full)[:, 1:1 + selected]
     width = W + 5
     cap_rows = T + 2
     big = torch.full((2 * cap_rows, width + 3), -777, dtype=torch.int32, device=DEV)
     out = big[0::2][:T, :width]
-    ix.expand_indices(pool_ids=ids.to(DEV),
-                      pool_scores=scores.to(DEV), positions=positions.to(DEV), num_live_tokens=t_live,
+    ix.expand_indices(top_keys=keys.to(DEV), positions=positions.to(DEV), cum_query_lens=_cum(t_live),
                       index_topk=K, index_kpool=Pp, pack_tail=pack, out=out)
     want = _expected_rows(ids, scores, positions, t_live, T, width, K, Pp, pack)
     host = big.cpu()
@@ -326,17 +470,16 @@ def test_expand_tile_sizes_and_capped_grid(monkeypatch):
     gen = torch.Generator().manual_seed(9)
     Pp, K, T, t_live, selected = 4, 16, 9, 7, 4
     positions = torch.randint(0, 90, (T,), generator=gen)
-    ids = torch.randint(0, 40, (t_live, selected), generator=gen, dtype=torch.int32)
-    scores = torch.randn(t_live, selected, generator=gen)
+    ids = torch.randint(0, 40, (T, selected), generator=gen, dtype=torch.int32)
+    scores = torch.randn(T, selected, generator=gen)
     scores[1, 2] = LOWEST
     width = K + Pp - 1 + 2
     want = _expected_rows(ids, scores, positions, t_live, T, width, K, Pp, True)
-    monkeypatch.setattr(ix, "MAX_GRID", 2)
-    for br, bc in [(None, None), (1, 4), (4, 8), (16, 2)]:
+    for br, bc, cap in [(16, 256, 65535), (1, 4, 2), (4, 8, 2), (16, 2, 1)]:
+        monkeypatch.setitem(plan.TUNING["expand"], "cpu", dict(BLOCK_ROWS=br, BLOCK_COLS=bc, cap=cap))
         out = torch.full((T, width), -777, dtype=torch.int32, device=DEV)
-        ix.expand_indices(pool_ids=ids.to(DEV), pool_scores=scores.to(DEV), positions=positions.to(DEV),
-                          num_live_tokens=t_live, index_topk=K, index_kpool=Pp, pack_tail=True, out=out,
-                          block_rows=br, block_cols=bc)
+        ix.expand_indices(top_keys=_top_keys(ids, scores).to(DEV), positions=positions.to(DEV),
+                          cum_query_lens=_cum(t_live), index_topk=K, index_kpool=Pp, pack_tail=True, out=out)
         assert torch.equal(out.cpu(), want)
 
 
@@ -348,8 +491,8 @@ def test_worked_example_of_section_4_5():
     out = {}
     for pack in (True, False):
         buf = torch.full((5, 11), -777, dtype=torch.int32, device=DEV)
-        ix.expand_indices(pool_ids=ids.to(DEV), pool_scores=scores.to(DEV), positions=positions.to(DEV),
-                          num_live_tokens=5, index_topk=8, index_kpool=4, pack_tail=pack, out=buf)
+        ix.expand_indices(top_keys=_top_keys(ids, scores).to(DEV), positions=positions.to(DEV), cum_query_lens=_cum(5),
+                          index_topk=8, index_kpool=4, pack_tail=pack, out=buf)
         out[pack] = buf.cpu().tolist()
     n = -1
     assert out[True] == [
@@ -367,13 +510,14 @@ def test_worked_example_of_section_4_5():
 # --------------------------------------------------------------------------- chained
 
 @pytest.mark.parametrize("mode", ["relu", "merged"])
-def test_score_select_expand_chain_matches_reference(mode):
-    batch = Batch(2, torch.bfloat16, seed=13)
+def test_score_select_expand_chain_matches_reference_on_exact_data(mode):
+    batch = Batch(2, torch.bfloat16, seed=13, values="exact")
     m = batch.meta
     selected = min(K_TOK // P, m.max_pool_seq_len)
-    ids, top = ix.select_topk(batch.score(mode), selected)
+    top = torch.zeros(batch.T, selected, dtype=torch.int64, device=DEV)
+    top[:batch.t_live] = ix.select_topk(batch.keys(mode), selected)
     out = torch.full((batch.T, K_TOK + P - 1), -777, dtype=torch.int32, device=DEV)
-    ix.expand_indices(pool_ids=ids, pool_scores=top, positions=m.positions.to(DEV), num_live_tokens=batch.t_live,
+    ix.expand_indices(top_keys=top, positions=m.positions.to(DEV), cum_query_lens=m.cum_query_lens.to(DEV),
                       index_topk=K_TOK, index_kpool=P, pack_tail=True, out=out)
     want_scores, _ = batch.reference(mode)
     want_ids, want_valid = rn.canonical_topk(want_scores, selected)
@@ -385,3 +529,45 @@ def test_score_select_expand_chain_matches_reference(mode):
         else:
             want.append([-1] * (K_TOK + P - 1))
     assert out.cpu().tolist() == want
+    assert int((want_valid.sum(1) > 0).sum()) > 5                          # real selections happened
+
+
+# --------------------------------------------------------------------------- helper kernels
+
+def _guarded(n, dtype, fill, guard=64):
+    big = torch.full((n + 2 * guard,), fill, dtype=dtype, device=DEV)
+    return big, big[guard:guard + n]
+
+
+def _guards_intact(big, n, fill, guard=64):
+    host = big.cpu()
+    return bool((host[:guard] == fill).all() and (host[guard + n:] == fill).all())
+
+
+def test_helper_kernels_write_only_their_buffers():
+    """The prefill-block and head-merge kernels store reduction results and masked tails inside
+    their buffers only (triton-ascend 3.2's interpreter stored int32 sums as 8-byte values, past
+    the end, until ``_portable.int32_of``)."""
+    from kpool.ops import merged, score
+    cum = torch.tensor([5, 20, 21, 60], dtype=torch.int32, device=DEV)
+    big, blocks = _guarded(6, torch.int32, 7)
+    score._prefill_blocks_kernel[(1,)](cum, blocks, 4, 3, 0, 60, BLOCK_M=16, DECODE_ROWS=8, BLOCK_R=128)
+    # requests of 5, 15, 1, 39 rows: blocks 0, 1, 1, 4 -> ends [0, 1, 1, 4]; the chunk: blocks [0, 4)
+    assert blocks.cpu().tolist() == [0, 1, 1, 4, 0, 4] and _guards_intact(big, 6, 7)
+    T, H, D = 6, 3, 16
+    gen = torch.Generator().manual_seed(3)
+    q = exact_values((T, H, D), gen, 1.0).to(DEV)
+    w = exact_values((T, H), gen, 2.0 ** -6).to(DEV)
+    bufs = {name: _guarded(n, dtype, 7) for name, n, dtype in
+            (("split", T * 3 * D, torch.int16), ("unit", T * 3, torch.float32), ("qbar", T * D, torch.float32),
+             ("nonfinite", T, torch.int32))}
+    p = plan.merge_heads_plan(T, D, DEV)
+    merged._merge_heads_kernel[(p.grid,)](
+        q.view(torch.int16), q.stride(0), q.stride(1), q.stride(2), w.view(torch.int16), w.stride(0), w.stride(1),
+        bufs["split"][1], 3 * D, bufs["unit"][1], bufs["qbar"][1], D, bufs["nonfinite"][1], 0, T,
+        H=H, D=D, DP=D, W_BF16=True, **p.constexprs, **p.options)
+    for name, (big, view) in bufs.items():
+        assert _guards_intact(big, view.numel(), 7), name
+    want = (w.float().cpu()[:, :, None] * q.float().cpu()).sum(1)          # exact data: any order
+    assert torch.equal(bufs["qbar"][1].cpu().view(T, D), want)
+    assert (bufs["nonfinite"][1].cpu() == 0).all()

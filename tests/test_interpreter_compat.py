@@ -1,4 +1,5 @@
-"""The NumPy >= 2.3 interpreter compat of ``kpool/ops/_portable.py`` in both interpreter shapes:
+"""The NumPy >= 2.3 interpreter compat (``kpool.platform.install_interpreter_compat``, applied by
+``resolve_device("cpu")``, never by importing a kernel module) in both interpreter shapes:
 triton-ascend 3.2's one-argument ``_patch_lang_tensor(tensor)`` and triton 3.6's scoped
 ``_patch_lang_tensor(tensor, scope)`` (platform-numerics.md §5). Fakes stand in for the
 interpreter, so both shapes are checked whichever Triton is installed; the real one is checked
@@ -15,7 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kpool.ops import _portable  # noqa: E402
+from kpool import platform  # noqa: E402
 
 pytestmark = pytest.mark.interpreter_ok
 
@@ -48,7 +49,7 @@ def test_one_argument_form_triton_ascend_3_2():
         tensor.__index__ = _numpy_2_3_index
         tensor.__bool__ = lambda self: True
 
-    wrapped = _portable._compat_patch_lang_tensor(original)
+    wrapped = platform.compat_patch_lang_tensor(original)
     assert wrapped is not original and wrapped._kpool_compat
     cls = _fake_tensor_class()
     wrapped(cls)
@@ -75,7 +76,7 @@ def test_two_argument_form_triton_3_6_scope_restores_ours_first():
     def original(tensor, scope):
         scope.set_attr(tensor, "__index__", _numpy_2_3_index)
 
-    wrapped = _portable._compat_patch_lang_tensor(original)
+    wrapped = platform.compat_patch_lang_tensor(original)
     cls, scope = _fake_tensor_class(), Scope()
     wrapped(cls, scope)
     assert list(range(cls(2))) == [0, 1]
@@ -87,7 +88,7 @@ def test_two_argument_form_triton_3_6_scope_restores_ours_first():
 def test_unknown_shape_is_left_alone():
     def original(tensor, scope, extra):
         pass
-    assert _portable._compat_patch_lang_tensor(original) is original
+    assert platform.compat_patch_lang_tensor(original) is original
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="interpreter only")
@@ -109,6 +110,28 @@ def test_installed_interpreter_is_wrapped_and_runtime_loops_run():
     out = torch.zeros(1, dtype=torch.int32, device=torch_device(DEVICE))
     count[(1,)](out, 5)
     assert out.item() == 0 + 1 + 2 + 3 + 4
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="interpreter only")
+def test_install_is_idempotent_and_not_an_import_side_effect(monkeypatch):
+    from triton.runtime import interpreter
+    if _int_of_1d_array_ok():
+        pytest.skip("NumPy < 1.25 needs no patch")
+    patched = interpreter._patch_lang_tensor
+    assert platform.install_interpreter_compat() is True
+    assert interpreter._patch_lang_tensor is patched            # a second call wraps nothing again
+    # Importing the kernel modules installs nothing: with the original restored, a fresh import
+    # of the portable helpers leaves it alone, and only the explicit call patches it again.
+    import importlib
+    import sys
+    original = patched.__closure__[0].cell_contents if patched.__closure__ else None
+    assert original is not None and not getattr(original, "_kpool_compat", False)
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", original)
+    monkeypatch.delitem(sys.modules, "kpool.ops._portable")
+    importlib.import_module("kpool.ops._portable")
+    assert interpreter._patch_lang_tensor is original
+    assert platform.install_interpreter_compat() is True
+    assert getattr(interpreter._patch_lang_tensor, "_kpool_compat", False)
 
 
 def _int_of_1d_array_ok() -> bool:

@@ -1,12 +1,11 @@
 """The kernel sources stay inside the portable Triton subset (platform-numerics.md §6.1, §1.4).
 
-Static (AST) checks of every ``kpool/ops/**/*.py`` with :mod:`parity.portability`, plus the one
+Static (AST) checks of every ``kpool/ops/**/*.py`` with ``tools/portability.py`` (a lint tool, not a
+runtime module), plus the one
 place NPU-only launch options may live (``kpool/platform.py:launch_options``). Every rule also
 has a negative test on an inline source that violates it, so the check can fail, and a fixed
 twin that must pass, so it does not over-report.
 """
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,18 +15,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _load_portability():
-    # By path: parity/ belongs to the harness and its __init__ may import more than we need.
-    name = "_kpool_parity_portability"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "parity" / "portability.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses need the module registered while it executes
-    spec.loader.exec_module(module)
-    return module
+    # tools/ is a lint package beside the runtime ones (the repository root is on sys.path).
+    from tools import launch_options, portability
+    return portability, launch_options
 
 
-P = _load_portability()
+P, L = _load_portability()
 KERNEL_FILES = sorted((REPO / "kpool" / "ops").rglob("*.py"))
 KPOOL_FILES = sorted(p for p in (REPO / "kpool").rglob("*.py") if p.name != "platform.py")
 
@@ -49,9 +42,12 @@ def test_kernel_file_uses_only_portable_subset(path):
 
 
 @pytest.mark.parametrize("path", KERNEL_FILES, ids=_rel)
-def test_every_tl_sum_selects_one_element(path):
+def test_every_tl_sum_is_masked(path):
+    """Every ``tl.sum`` is over ``tl.where(...)``: a one-element select (exact), an integer sum
+    (exact in any order), or the decode kernel's head sum of the scores (any order, certified by
+    parity-contract.md §3.2). Printed with -s / -rA."""
     calls = P.sum_calls(path.read_text(encoding="utf-8"), _rel(path))
-    for line, ok in calls:  # shown with -s / -rA: the full list of tl.sum uses
+    for line, ok in calls:
         print(f"{_rel(path)}:{line}: tl.sum first argument is tl.where(...): {ok}")
     assert all(ok for _, ok in calls), f"tl.sum not over tl.where(...) at lines {[l for l, ok in calls if not ok]}"
 
@@ -64,7 +60,7 @@ def test_npu_options_only_in_platform(path):
 
 def test_platform_launch_options_branches():
     source = (REPO / "kpool" / "platform.py").read_text(encoding="utf-8")
-    assert P.check_launch_options(source, "kpool/platform.py") == []
+    assert L.check_launch_options(source, "kpool/platform.py") == []
 
 
 def test_kernel_files_listed():
@@ -96,27 +92,43 @@ CASES = {
         ("@triton.jit\ndef k(x):\n    return x.sort(0)\n", "@triton.jit\ndef k(x):\n    return x\n"),
     ],
     "tf32": [
-        ("@triton.jit\ndef k(a, b):\n    return tl.dot(a, b, allow_tf32=True, input_precision='ieee')\n",
-         "@triton.jit\ndef k(a, b):\n    return tl.dot(a, b, input_precision='ieee')\n"),
-        ("@triton.jit\ndef k(a, b):\n    return tl.dot(a, b, input_precision='tf32x3')\n",
-         "@triton.jit\ndef k(a, b):\n    return tl.dot(a, b, input_precision='ieee')\n",
+        ("@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, allow_tf32=True, input_precision='ieee')\n",
+         "@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee')\n"),
+        ("@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='tf32x3')\n",
+         "@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee')\n",
          ["dot-precision", "tf32"]),
-        ("@triton.jit\ndef k(a, b):\n    return tl.dot(a, b, input_precision='hf32')\n",
-         "@triton.jit\ndef k(a, b):\n    return tl.dot(a, b, input_precision='ieee')\n",
+        ("@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='hf32')\n",
+         "@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee')\n",
          ["dot-precision", "tf32"]),
-        ("@triton.jit\ndef k(a, b):\n    return tl.dot(a, b, input_precision='tf32')\n",
-         "@triton.jit\ndef k(a, b):\n    return tl.dot(a, b, input_precision='ieee')\n",
+        ("@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='tf32')\n",
+         "@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee')\n",
          ["dot-precision", "tf32"]),
     ],
     "dot-precision": [
-        ("@triton.jit\ndef k(a, b):\n    return tl.dot(a, b)\n",
-         "@triton.jit\ndef k(a, b):\n    return tl.dot(a, b, input_precision=\"ieee\")\n"),
-        ("@triton.jit\ndef k(a, b, acc):\n    return tl.dot(a, b, acc, 'ieee')\n",
-         "@triton.jit\ndef k(a, b, acc):\n    return tl.dot(a, b, acc, input_precision='ieee')\n"),
-        ("@triton.jit\ndef k(a, b, P: tl.constexpr):\n    return tl.dot(a, b, input_precision=P)\n",
-         "@triton.jit\ndef k(a, b, P: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee')\n"),
+        ("@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b)\n",
+         "@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision=\"ieee\")\n"),
+        ("@triton.jit\ndef k(a, b, acc, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, acc, 'ieee')\n",
+         "@triton.jit\ndef k(a, b, acc, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, acc, input_precision='ieee')\n"),
+        ("@triton.jit\ndef k(a, b, P: tl.constexpr, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision=P)\n",
+         "@triton.jit\ndef k(a, b, P: tl.constexpr, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee')\n"),
         ("@triton.jit\ndef k(a, b, sa, sb):\n    return tl.dot_scaled(a, sa, 'e4m3', b, sb, 'e4m3')\n",
-         "@triton.jit\ndef k(a, b, sa, sb):\n    return tl.dot(a, b, input_precision='ieee')\n"),
+         "@triton.jit\ndef k(a, b, sa, sb, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee')\n"),
+    ],
+    "dot-accumulator": [
+        ("@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee', "
+         "out_dtype=tl.float16)\n",
+         "@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee', "
+         "out_dtype=tl.float32)\n"),
+        ("@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee', "
+         "max_num_imprecise_acc=32)\n",
+         "@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee')\n"),
+    ],
+    "dot-interpreter": [
+        ("@triton.jit\ndef k(a, b):\n    return tl.dot(a, b, input_precision='ieee')\n",
+         "@triton.jit\ndef k(a, b, DOT_F32: tl.constexpr):\n    if DOT_F32:\n        a = a.to(tl.float32)\n"
+         "    return tl.dot(a, b, input_precision='ieee')\n"),
+        ("@triton.jit\ndef k(a, b, F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee')\n",
+         "@triton.jit\ndef k(a, b, *, DOT_F32: tl.constexpr):\n    return tl.dot(a, b, input_precision='ieee')\n"),
     ],
     "inline-asm": [
         ("@triton.jit\ndef k(x):\n    return tl.inline_asm_elementwise('mov.b32 $0, $1;', '=r,r', [x], "
@@ -149,6 +161,8 @@ CASES = {
          "from triton.language import where\n"),
     ],
     "bf16-rounding": [
+        ("@triton.jit\ndef k(o, x):\n    tl.store(o, x.to(tl.bfloat16, bitcast=False))\n",
+         "@triton.jit\ndef k(o, bits):\n    tl.store(o, bits.to(tl.bfloat16, bitcast=True))\n"),
         ("@triton.jit\ndef k(o, x):\n    tl.store(o, x.to(tl.bfloat16))\n",
          "@triton.jit\ndef k(o, x):\n    tl.store(o, round_to_bf16_bits(x).to(tl.int16).to(tl.bfloat16, bitcast=True))\n"),
         ("@triton.jit\ndef k(o, x):\n    tl.store(o, tl.cast(x, tl.bfloat16))\n",
@@ -282,11 +296,11 @@ def launch_options(device: str) -> dict:
 
 
 def test_launch_options_reference_shape_passes():
-    assert P.check_launch_options(GOOD_PLATFORM) == []
-    assert P.check_launch_options(GOOD_PLATFORM.replace('device == "npu"', '"npu" == device')) == []
+    assert L.check_launch_options(GOOD_PLATFORM) == []
+    assert L.check_launch_options(GOOD_PLATFORM.replace('device == "npu"', '"npu" == device')) == []
     kwargs_form = GOOD_PLATFORM.replace('{"num_warps": 4, "enable_fp_fusion": False}',
                                         'dict(num_warps=4, enable_fp_fusion=False)')
-    assert P.check_launch_options(kwargs_form) == []
+    assert L.check_launch_options(kwargs_form) == []
 
 
 @pytest.mark.parametrize("source, needle", [
@@ -302,6 +316,6 @@ def test_launch_options_reference_shape_passes():
 ], ids=["npu-key-in-cuda", "fp-fusion-true", "fp-fusion-missing", "module-level-npu-dict",
         "npu-kwarg-elsewhere", "no-npu-branch", "no-cuda-branch", "no-function"])
 def test_launch_options_violations(source, needle):
-    found = P.check_launch_options(source)
+    found = L.check_launch_options(source)
     assert found and all(v.rule == "launch-options" for v in found)
     assert any(needle in v.message for v in found), [str(v) for v in found]

@@ -15,38 +15,45 @@ import pytest
 
 os.environ.setdefault("KPOOL_DEVICE", "cpu")
 
-from kpool.ops import compress, indexer  # noqa: E402
+from kpool.ops import compress, expand, merged, plan, score  # noqa: E402
 
 # Integer arguments that stay specialized: head dims and unit inner strides (constant in practice).
 SPECIALIZED_INTS = {
-    "_compress_pools_kernel": {"D", "k_s1", "g_s1", "ape_s1", "cc_s3", "t_s3"},
-    "_ring_write_kernel": {"D", "k_s1", "g_s1", "t_s3"},
-    "_merge_heads_kernel": {"stride_qd"},
-    "_score_kernel": {"stride_qd", "stride_cd"},
+    "_compress_kernel": {"D", "stride_k_d", "stride_gate_d", "stride_ape_d", "stride_cache_d", "stride_tail_d"},
+    "_ring_write_kernel": {"D", "stride_k_d", "stride_gate_d", "stride_tail_d"},
+    "_merge_heads_kernel": {"stride_q_d"},
+    "_score_decode_kernel": {"stride_q_d", "stride_cache_d"},
+    "_prefill_blocks_kernel": set(),
+    "_score_prefill_kernel": {"stride_q_d", "stride_cache_d"},
     "_expand_kernel": set(),
 }
-# Pointers whose alignment varies with guard bands / caller buffers.
+# Pointers whose alignment varies with guard bands / caller buffers. The score kernels get q and
+# the cache as their storage start (kpool.ops.plan.vector_view), aligned, so they specialize on it.
 UNALIGNED_POINTERS = {
-    "_compress_pools_kernel": {"cc_ptr", "tail_ptr"},
+    "_compress_kernel": {"cache_ptr", "tail_ptr"},
     "_ring_write_kernel": {"tail_ptr"},
     "_merge_heads_kernel": set(),
-    "_score_kernel": {"cache_ptr"},
+    "_score_decode_kernel": set(),
+    "_prefill_blocks_kernel": set(),
+    "_score_prefill_kernel": set(),
     "_expand_kernel": {"out_ptr"},
 }
-KERNELS = {name: getattr(compress, name, None) or getattr(indexer, name) for name in SPECIALIZED_INTS}
+MODULES = (compress, score, merged, expand)
+KERNELS = {name: next(getattr(m, name) for m in MODULES if hasattr(m, name)) for name in SPECIALIZED_INTS}
 
 
 def _options(name):
     """The decorator's two lists, read from the kernel's source (interpreters may drop them)."""
     import ast
-    module = compress if hasattr(compress, name) else indexer
+    module = next(m for m in MODULES if hasattr(m, name))
     tree = ast.parse(inspect.getsource(module))
     (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    names = {"_NO_SPECIALIZE": list(getattr(module, "_NO_SPECIALIZE", []))}
     lists = {"do_not_specialize": set(), "do_not_specialize_on_alignment": set()}
     for deco in fn.decorator_list:
         for kw in getattr(deco, "keywords", []):
             if kw.arg in lists:
-                lists[kw.arg] = set(ast.literal_eval(kw.value))
+                lists[kw.arg] = set(eval(compile(ast.Expression(kw.value), "<list>", "eval"), {}, names))
     return lists["do_not_specialize"], lists["do_not_specialize_on_alignment"]
 
 
@@ -66,15 +73,25 @@ def test_only_intended_arguments_are_specialized(name):
 @pytest.mark.interpreter_ok
 @pytest.mark.parametrize("backend", ["cuda", "npu"])
 @pytest.mark.parametrize("head_dim", [16, 64, 128, 576])
-def test_compiled_cache_update_tile_ignores_the_number_of_live_rows(backend, head_dim):
-    tiles = {compress.cache_update_tiles(n, head_dim, backend) for n in range(1, 300)}
-    assert len(tiles) == 1
-    (block_t, block_d), = tiles
-    assert block_d >= head_dim and block_t * block_d <= compress._TILE_ELEMS[backend]
+def test_compiled_tiles_ignore_the_batch(backend, head_dim):
+    """On compiled backends every constexpr of every plan depends on the configuration only
+    (P, D, H), never on the rows, requests or pool counts of a batch: one compile per
+    configuration."""
+    def constexprs(make):
+        return {tuple(sorted(make(n).constexprs.items())) for n in (1, 7, 299, 4096)}
+    assert len(constexprs(lambda n: plan.compress_plan(n, head_dim, 4, backend, cores=8))) == 1
+    assert len(constexprs(lambda n: plan.ring_write_plan(n, head_dim, backend, cores=8))) == 1
+    assert len(constexprs(lambda n: plan.score_decode_plan(n, n + 5, 32, head_dim, backend, cores=8))) == 1
+    assert len(constexprs(lambda n: plan.score_prefill_plan(n, n, 3 * n, n + 5, head_dim, backend, cores=8))) == 1
+    assert len(constexprs(lambda n: plan.expand_plan(n, 2051, backend, cores=8))) == 1
+    (tiles,) = constexprs(lambda n: plan.compress_plan(n, head_dim, 4, backend, cores=8))
+    tiles = dict(tiles)
+    assert tiles["BLOCK_D"] <= head_dim and tiles["BLOCK_J"] * tiles["BLOCK_D"] * 4 <= plan.TUNING["compress"][backend]["window"]
 
 
 @pytest.mark.interpreter_ok
-def test_interpreter_tile_shrinks_to_the_live_rows():
-    assert compress.cache_update_tiles(1, 16, "cpu") == (1, 16)
-    assert compress.cache_update_tiles(3, 16, "cpu") == (4, 16)
-    assert compress.cache_update_tiles(1000, 16, "cpu")[0] == compress._MAX_BLOCK_T
+def test_interpreter_tiles_shrink_to_the_batch():
+    assert plan.compress_plan(1, 16, 4, "cpu").constexprs["BLOCK_J"] == 1
+    assert plan.compress_plan(9, 16, 4, "cpu").constexprs["BLOCK_J"] == 4
+    assert plan.compress_plan(10 ** 5, 16, 4, "cpu").constexprs["BLOCK_J"] == plan.TUNING["compress"]["cpu"]["BLOCK_J"]
+    assert plan.score_prefill_plan(3, 1, 3, 10, 16, "cpu").constexprs["BLOCK_M"] == plan.MIN_DOT

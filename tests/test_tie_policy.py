@@ -137,10 +137,18 @@ def test_real_kernel_breaking_exact_ties_toward_the_higher_id(monkeypatch, polic
     from kpool.indexer import forward as kernel_forward
     from kpool.ops import indexer as ki
 
-    def ties_to_higher_id(scores, selected):
-        n = scores.shape[1]
-        values, ids = torch.sort(scores.flip(1), dim=1, descending=True, stable=True)
-        return (n - 1 - ids)[:, :selected].to(torch.int32), values[:, :selected]
+    real_select = ki.select_topk
+
+    def ties_to_higher_id(keys, selected, out=None):
+        # the fault: the low word keys the pool id itself (not inverted), so exact ties go to
+        # the higher id
+        n = keys.shape[1]
+        flipped = (keys & ~0xFFFFFFFF) | torch.arange(n, dtype=torch.int64, device=keys.device)
+        top = real_select(flipped, selected)
+        fixed = (top & ~0xFFFFFFFF) | (0xFFFFFFFF - (top & 0xFFFFFFFF))
+        if out is not None:
+            out[0].copy_(fixed)
+        return fixed
 
     monkeypatch.setattr(ki, "select_topk", ties_to_higher_id)
     res = run(prefill_topk("small"), kernel_forward, check_oracle=False, tie_policy=policy)

@@ -10,91 +10,34 @@ NPU: to verify, platform-numerics.md §6.4):
 * :func:`bf16_rne_hi_bits`, :func:`round_to_bf16_bits`, :func:`bf16_rne_int16` — fp32 -> bf16
   round-to-nearest-even done on the int32 bit pattern (the interpreter truncates on
   ``.to(tl.bfloat16)``, platform-numerics.md §4.1).
-* :func:`request_of_rows` — the row -> request map of kpool-algorithm.md §3.4.
+* :func:`request_of_rows` — the row -> request map of kpool-algorithm.md §3.4 (binary search).
+* :func:`live_rows`, :func:`visible_pools` — ``t < T_live`` with ``T_live`` read on the device
+  (§5.5, FULL mode), and the causal pool count of §4.1 (the kernels' own copy; the reference and
+  the oracle keep theirs, deliberately independent).
+* :func:`score_key_hi` — the order-preserving int32 image of a sanitized score (§4.3, §4.4,
+  parity-contract.md §2): the high word of the int64 selection key.
+* :func:`bf16_bits_to_f32`, :func:`load_bf16_operand` — bf16 loaded through int16 views.
+* :func:`split_bf16x3` — an fp32 value as the exact sum of three bf16 values (score mode (M)).
 
-The names and signatures are stable: ``kpool.ops.indexer`` imports them.
-
-Importing this module imports Triton; import it only after ``kpool.platform.resolve_device()``.
+Importing this module imports Triton (and changes nothing in it: the interpreter compatibility
+patch is ``kpool.platform.install_interpreter_compat``, applied by ``resolve_device("cpu")``);
+import it only after ``kpool.platform.resolve_device()``.
 """
 from __future__ import annotations
 
-import os
-
+import torch
 import triton
 import triton.language as tl
 
+LOWEST = torch.finfo(torch.float32).min
+FLT_MAX = torch.finfo(torch.float32).max
+LOWEST_C = tl.constexpr(LOWEST)
+FLT_MAX_C = tl.constexpr(FLT_MAX)
+KEY_LOWEST = -2139095040
+"""``score_key_hi(LOWEST)``: the image of ``float32.min`` (bits 0xFF7FFFFF, magnitude bits 0x7F7FFFFF
+flipped); a selected key whose high word is not above it is an invalid slot (-1 columns)."""
+KEY_LOWEST_C = tl.constexpr(KEY_LOWEST)
 
-def _install_interpreter_compat() -> None:
-    """Make runtime loop bounds work in the Triton interpreter under NumPy >= 2.3.
-
-    Why: the interpreter wraps every scalar kernel argument and ``tl.program_id`` in a
-    1-element 1-D array and converts it for ``range(...)`` with ``int(array)``, which NumPy >= 2.3
-    rejects ("only 0-dimensional arrays can be converted to Python scalars"). Any
-    ``for i in range(0, n)`` with a runtime ``n`` then fails. We re-register
-    ``tensor.__index__`` to read the single element, wrapping the interpreter's
-    ``_patch_lang_tensor`` in both shapes it has:
-
-    * triton >= 3.4 (3.6 here): ``_patch_lang_tensor(tensor, scope)``; attributes go through
-      ``scope.set_attr`` and are restored LIFO when the launch ends, so ours is undone first.
-    * triton-ascend 3.2 (Triton 3.2 base): ``_patch_lang_tensor(tensor)`` assigns the attributes
-      directly and never restores them; ours is assigned right after and stays.
-
-    Only in interpreter mode, only when NumPy rejects (>= 2.3) or deprecates (1.25-2.2) the
-    conversion; compiled kernels are unaffected. An interpreter of yet another shape is left
-    alone (the kernels then fail loudly at the first runtime loop, as without the patch).
-    """
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    import warnings
-
-    import numpy as np
-    with warnings.catch_warnings():
-        # NumPy 1.25-2.2 only warn (DeprecationWarning, once per runtime loop of every launch);
-        # patch there too, which also silences that flood.
-        warnings.simplefilter("error", DeprecationWarning)
-        try:
-            int(np.array([1]))
-            return              # NumPy < 1.25: plain int() works, nothing to fix
-        except (TypeError, DeprecationWarning):
-            pass
-    try:
-        from triton.runtime import interpreter as _interp
-    except ImportError:  # pragma: no cover - a Triton build without the interpreter module
-        return
-    original = getattr(_interp, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "_kpool_compat", False):
-        return
-    _interp._patch_lang_tensor = _compat_patch_lang_tensor(original)
-
-
-def _scalar_index(self) -> int:
-    """``tensor.__index__`` for the interpreter: the single element of the 1-element array."""
-    return int(self.handle.data.reshape(-1)[0])
-
-
-def _compat_patch_lang_tensor(original):
-    """Wrap the interpreter's ``_patch_lang_tensor`` (one- or two-argument form, see
-    :func:`_install_interpreter_compat`) so that ``tensor.__index__`` is :func:`_scalar_index`."""
-    import inspect
-    try:
-        n_params = len(inspect.signature(original).parameters)
-    except (TypeError, ValueError):  # pragma: no cover - builtins have no signature
-        return original
-    if n_params == 1:
-        def _patch_lang_tensor(tensor):
-            original(tensor)
-            tensor.__index__ = _scalar_index
-    elif n_params == 2:
-        def _patch_lang_tensor(tensor, scope):
-            original(tensor, scope)
-            scope.set_attr(tensor, "__index__", _scalar_index)
-    else:
-        return original
-    _patch_lang_tensor._kpool_compat = True
-    return _patch_lang_tensor
-
-
-_install_interpreter_compat()
 
 # exp_fp32 constants: the same Python doubles as reference/numerics.py, each rounded to fp32
 # (RNE) when combined with an fp32 tensor, exactly as ``torch.tensor(v, dtype=float32)`` does.
@@ -196,20 +139,143 @@ def bf16_rne_int16(x):
 
 
 @triton.jit
-def request_of_rows(rows, cum_query_lens_ptr, num_requests):
-    """Request id of every batch row: ``r(t) = #{i : cum_query_lens[i] <= t}``, clamped to
-    ``[0, num_requests - 1]`` only to keep addresses legal (kpool-algorithm.md §3.4: padded
-    rows map to ``R``; zero-length requests are skipped).
+def request_of_rows(rows, cum_query_lens_ptr, num_requests, search_steps):
+    """Request id of every batch row: ``r(t) = #{i : cum_query_lens[i] <= t}`` by binary search
+    (``cum_query_lens`` is non-decreasing), clamped to ``[0, num_requests - 1]`` only to keep
+    addresses legal (kpool-algorithm.md §3.4: padded rows map to ``R``; zero-length requests
+    are skipped).
 
     Args:
-        rows: int32 tensor of batch row indices (any block shape).
+        rows: int32 batch row indices (a scalar or any block shape).
         cum_query_lens_ptr: pointer to int32 ``[R]`` exclusive query ends, unit stride.
         num_requests: ``R`` (runtime int, >= 1 at any launch).
+        search_steps: ``R.bit_length()`` (host int): halvings until the range is empty.
     Returns:
-        int32 tensor shaped like ``rows``.
+        int32 shaped like ``rows``.
     """
-    r = tl.zeros_like(rows)
-    for i in range(0, num_requests):
-        end = tl.load(cum_query_lens_ptr + i)
-        r += (end <= rows).to(tl.int32)
-    return tl.maximum(tl.minimum(r, num_requests - 1), 0)
+    lo = rows * 0
+    hi = lo + num_requests
+    for _ in range(0, search_steps):
+        mid = (lo + hi) // 2
+        end = tl.load(cum_query_lens_ptr + mid, mask=mid < hi, other=0)
+        right = (lo < hi) & (end <= rows)
+        left = (lo < hi) & (end > rows)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(left, mid, hi)
+    return tl.maximum(tl.minimum(lo, num_requests - 1), 0)
+
+
+@triton.jit
+def live_rows(rows, num_rows, cum_query_lens_ptr, num_requests):
+    """``rows < T_live`` and ``rows < T``, with ``T_live = cum_query_lens[R - 1]`` read on the
+    device: the host never needs it, so a captured graph replays with another ``T_live``
+    (kpool-algorithm.md §5.5, FULL mode: rows ``>= T_live`` are padding). The cache-update
+    kernels' guard (padding rows never write a cache)."""
+    t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
+    return (rows < t_live) & (rows < num_rows)
+
+
+@triton.jit
+def visible_pools(pos, pools_of_req, P: tl.constexpr):
+    """Candidate pools of a row at position ``pos`` (kpool-algorithm.md §4.1):
+    ``min((p + 1) // P, seq_lens[r])``. The kernels' own copy of the formula."""
+    return tl.minimum((pos + 1) // P, pools_of_req)
+
+
+@triton.jit
+def score_key_hi(score, invisible):
+    """High word of the selection key of a raw fp32 score (kpool-algorithm.md §4.3, §4.4).
+
+    Sanitize: invisible, NaN and ``<= LOWEST`` -> LOWEST, ``> FLT_MAX`` -> FLT_MAX, ``-0.0`` ->
+    ``+0.0`` (the two must tie); then the order-preserving int32 image of the bits: ``b`` for
+    ``b >= 0``, ``-1 - (b & 0x7FFFFFFF)`` for negative floats. With the low word ``-1 - pool``
+    (``0xFFFFFFFF - pool`` unsigned) the int64 key sorts by descending score, ties to the lower
+    pool id (parity-contract.md §2), and every key of a row is unique.
+
+    Args: score: fp32 block; invisible: bool block of the same shape (``pool >= visible(t)``,
+        computed by comparison: a bool ``~`` needs an int1 type triton-ascend 3.2's interpreter
+        builder lacks).
+    Returns: int32 block.
+    """
+    low = invisible | (score != score) | (score <= LOWEST_C)
+    s = tl.where(low, LOWEST_C, tl.where(score > FLT_MAX_C, FLT_MAX_C, score))
+    s = tl.where(s == 0.0, 0.0, s)
+    bits = s.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, -1 - (bits & 0x7FFFFFFF), bits)
+
+
+@triton.jit
+def int32_of(x):
+    """An int32 reduction result as a real int32 tensor. triton-ascend 3.2's interpreter sums
+    int32 with numpy's default (int64) but keeps the int32 type, so storing the result writes 8
+    bytes per lane (overrunning the buffer) and ``.to(tl.int32)`` is a no-op there; the round
+    trip through int64 converts the data. Two no-op casts on compiled backends."""
+    return x.to(tl.int64).to(tl.int32)
+
+
+@triton.jit
+def bf16_bits_to_f32(bits):
+    """fp32 value of bf16 bit patterns loaded as int16 (exact: the bf16 bits become the high half).
+    The interpreter's own bf16 -> fp32 cast mishandles subnormals (platform-numerics.md §4.2)."""
+    return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_bf16_operand(ptrs, mask, DOT_F32: tl.constexpr):
+    """A ``tl.dot`` operand from bf16 bits (int16 view), masked lanes exact zeros.
+
+    ``DOT_F32`` (the Triton interpreter): widened to fp32 from the bits, for an IEEE fp32 dot
+    (the interpreter's bf16 dot returns garbage: bf16 is uint16 there). Otherwise the bits are
+    bitcast to bf16, for a bf16 x bf16 -> fp32 tensor-core dot. Both are exact products with
+    fp32 accumulation in some order (parity-contract.md §3.2 certifies the order).
+
+    ``ptrs``: int16 pointers (bf16 bits) when ``DOT_F32``, else bf16 pointers (the launchers
+    pass bf16 tensors to compiled backends, so tensor-core operands go from memory to shared
+    memory without a register detour)."""
+    if mask is None:            # a full tile: no mask to keep live
+        if DOT_F32:
+            return bf16_bits_to_f32(tl.load(ptrs))
+        else:
+            return tl.load(ptrs)
+    elif DOT_F32:
+        return bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def load_f32(ptrs, mask, IS_BF16: tl.constexpr):
+    """Load fp32, or bf16 through an int16 view, and return fp32 (masked lanes 0.0; ``mask``
+    None: a full load)."""
+    if mask is None:
+        if IS_BF16:
+            return bf16_bits_to_f32(tl.load(ptrs))
+        else:
+            return tl.load(ptrs)
+    elif IS_BF16:
+        return bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def split_bf16x3(x):
+    """int16 bf16 bits ``(hi, mid, lo)`` with ``hi + mid + lo == x`` exactly for finite fp32 ``x``
+    (``|x| >= 2^-110``; below, ``lo`` loses bits under 2^-133): ``hi`` is ``x`` truncated to bf16,
+    ``mid`` the remainder truncated, ``lo`` the rest, which has at most 8 significant bits. Each
+    remainder is exact in fp32 (Sterbenz). A non-finite ``x`` gives ``hi = x`` (NaN canonical)
+    and ``mid = lo = 0``, so ``hi * c`` has the non-finite class of ``x * c``.
+
+    Args: x: fp32 tensor. Returns: three int16 tensors of the same shape.
+    """
+    finite = (x - x) == 0
+    bits = x.to(tl.int32, bitcast=True)
+    hi_bits = bits & -65536
+    r1 = x - hi_bits.to(tl.float32, bitcast=True)
+    r1_bits = r1.to(tl.int32, bitcast=True)
+    mid_bits = r1_bits & -65536
+    r2 = r1 - mid_bits.to(tl.float32, bitcast=True)
+    hi_bits = tl.where(finite, hi_bits, tl.where(x != x, BF16_QUIET_NAN_HI, bits))
+    mid_bits = tl.where(finite, mid_bits, 0)
+    lo_bits = tl.where(finite, r2.to(tl.int32, bitcast=True), 0)
+    return (hi_bits >> 16).to(tl.int16), (mid_bits >> 16).to(tl.int16), (lo_bits >> 16).to(tl.int16)

@@ -1,44 +1,18 @@
 """Static check that kernel sources stay inside the portable Triton subset
-(platform-numerics.md §6.1, §1.4, §1.5; design.md "Canonical numerics").
+(platform-numerics.md §6.1, §1.4, §1.5; design.md "Canonical numerics"; docs/portable-subset.md).
+
+A development (lint) tool: ``tests/test_portable_subset.py`` runs it over ``kpool/ops``; no runtime
+package imports it. ``python tools/portability.py [ROOT]`` prints the violations of a tree.
 
 The kernels in ``kpool/ops/`` must compile on triton-ascend 3.2.x (A2/A3/A5), upstream Triton on
 CUDA and the CPU interpreter, and reproduce ``reference/numerics.py`` bit for bit. Most ways of
 breaking that are visible in the source, so this module parses it (``ast``, no import, no
 Triton needed) and reports each construct that is outside the subset.
 
-Rules (``Violation.rule``):
-
-``extra-libdevice``
-    ``libdevice``, ``tl.extra.*`` / ``triton.language.extra`` (incl. ``tl.extra.cann``) anywhere.
-``sort-topk``
-    ``tl.sort``, ``tl.topk`` (and tensor methods ``.sort()``/``.topk()`` in jit code): not
-    proven on triton-ascend 3.2 (dtype gaps, §1.5).
-``tf32``
-    keyword ``allow_tf32``, or ``input_precision`` = ``"tf32"``/``"tf32x3"``/``"hf32"``/``"bf16x3"``/``"bf16x6"``.
-``dot-precision``
-    ``tl.dot`` without a literal ``input_precision="ieee"``; ``tl.dot_scaled`` at all.
-``inline-asm``
-    ``tl.inline_asm_elementwise`` (any name containing ``inline_asm``).
-``npu-option``
-    NPU-only launch/compile options (``NPUOptions`` fields of §1.4 such as ``multibuffer``,
-    ``force_simt_only``) and Ascend-only kwargs ``care_padding``/``propagate_nan``, as keyword
-    arguments, exact string constants (dict keys) or attribute/variable names. They belong in
-    ``kpool/platform.py``'s ``launch_options`` (see :func:`check_launch_options`).
-``reduction``
-    ``tl.max``/``tl.min`` (and jit-code methods ``.sum()``/``.max()``/``.min()``): tree order is
-    backend-specific; ``tl.sum`` is allowed only as ``tl.sum(tl.where(...), ...)``, the
-    select-one-element idiom (see :func:`sum_calls`).
-``bf16-rounding``
-    ``.to(tl.bfloat16)`` / ``.cast(tl.bfloat16)`` / ``tl.cast(x, tl.bfloat16)`` with no call to
-    ``round_to_bf16_bits`` in the same statement or the same function: the interpreter truncates
-    on fp32 -> bf16 conversion, so values must be RNE-rounded on int32 bits first.
-``transcendental``
-    ``tl.exp/exp2/log/log2/sqrt/sqrt_rn/rsqrt/sigmoid/softmax/sin/cos/erf/fma`` (libm-dependent
-    or fused; the kernels use the software ``exp_fp32``), also as jit-code tensor methods.
-``float-division``
-    the ``/`` operator (``ast.Div``, also ``/=``) inside a ``@triton.jit`` function, and
-    ``tl.fdiv``/``tl.math.div_rz``-style non-RN divisions anywhere: every fp32 division must be
-    ``tl.math.div_rn`` (``//`` on ints is fine).
+Rules (``Violation.rule``, :data:`RULES`): ``extra-libdevice``, ``sort-topk``, ``tf32``,
+``dot-precision``, ``dot-accumulator``, ``dot-interpreter``, ``inline-asm``, ``npu-option``,
+``reduction``, ``bf16-rounding``, ``transcendental``, ``float-division``; what each rejects and
+why: docs/portable-subset.md "Checker rules".
 
 Suppression: a comment ``# portable-ok: <rule>[, <rule>] -- <reason>`` on the line a violation
 is reported at silences exactly those rules on that line (e.g. an exact int32 ``tl.max`` used
@@ -58,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-__all__ = ["Violation", "RULES", "NPU_ONLY_OPTIONS", "check_portable_subset", "check_launch_options",
-           "sum_calls", "suppressions", "check_tree"]
+__all__ = ["Violation", "RULES", "NPU_ONLY_OPTIONS", "check_portable_subset", "sum_calls", "suppressions",
+           "check_tree"]
 
-RULES = ("extra-libdevice", "sort-topk", "tf32", "dot-precision", "inline-asm", "npu-option",
-         "reduction", "bf16-rounding", "transcendental", "float-division")
+RULES = ("extra-libdevice", "sort-topk", "tf32", "dot-precision", "dot-accumulator", "dot-interpreter",
+         "inline-asm", "npu-option", "reduction", "bf16-rounding", "transcendental", "float-division")
 
 # NPUOptions fields of triton-ascend 3.2.x (platform-numerics.md §1.4) that upstream Triton
 # rejects as launch kwargs, plus the Ascend-only op kwargs of §6.1. num_warps, num_stages and
@@ -86,6 +60,7 @@ _JIT_DECORATORS = frozenset({"triton.jit", "triton.runtime.jit", "triton.runtime
 # Sub-namespaces of triton.language that re-export the same functions (tl.math.exp is tl.exp).
 _TL_SUBMODULES = ("math.", "standard.", "core.")
 _ROUND_HELPER = "round_to_bf16_bits"
+_DOT_SWITCH = "DOT_F32"
 _PRAGMA = re.compile(r"#\s*portable-ok:\s*([\w-]+(?:\s*,\s*[\w-]+)*)")
 
 
@@ -309,6 +284,16 @@ class _Checker(ast.NodeVisitor):
         return next((kw.value for kw in node.keywords if kw.arg == arg), None)
 
     def check_dot(self, node: ast.Call) -> None:
+        out_dtype = self.keyword(node, "out_dtype")
+        if out_dtype is not None and self.tl_name(out_dtype) != "float32":
+            self.report("dot-accumulator", node, "tl.dot out_dtype must be tl.float32 (fp32 accumulation)")
+        if self.keyword(node, "max_num_imprecise_acc") is not None:
+            self.report("dot-accumulator", node, "tl.dot max_num_imprecise_acc: accumulation must stay full fp32")
+        fn = self.func_stack[-1] if self.func_stack else None
+        params = [a.arg for a in fn.args.args + fn.args.kwonlyargs] if fn is not None else []
+        if _DOT_SWITCH not in params:
+            self.report("dot-interpreter", node, f"tl.dot in a function without a {_DOT_SWITCH} parameter: the "
+                        "interpreter needs fp32 (ieee) operands, compiled backends bf16 ones")
         prec = self.keyword(node, "input_precision")
         if len(node.args) > 3:
             self.report("dot-precision", node, "tl.dot with positional input_precision/allow_tf32: "
@@ -321,8 +306,8 @@ class _Checker(ast.NodeVisitor):
         ok = isinstance(first, ast.Call) and self.tl_name(first.func) == "where"
         self.sums.append((node.lineno, ok))
         if not ok:
-            self.report("reduction", node, "tl.sum is allowed only as tl.sum(tl.where(...)) "
-                        "(exact select-one-element idiom); use an explicit loop")
+            self.report("reduction", node, "tl.sum is allowed only over tl.where(...) (a one-element select, an "
+                        "exact integer sum or a certified-order score sum); else use an explicit loop")
 
     def check_method(self, node: ast.Call) -> None:
         attr = node.func.attr
@@ -341,6 +326,9 @@ class _Checker(ast.NodeVisitor):
     def check_bf16(self, node: ast.Call, dtype: Optional[ast.AST]) -> None:
         if dtype is None or self.tl_name(dtype) != "bfloat16":
             return
+        bitcast = self.keyword(node, "bitcast")
+        if isinstance(bitcast, ast.Constant) and bitcast.value is True:
+            return          # reinterpreting int16 bits as bf16 rounds nothing
         scope = self.func_stack[-1] if self.func_stack else (self.stmt_stack[-1] if self.stmt_stack else node)
         for sub in ast.walk(scope):
             if isinstance(sub, ast.Call):
@@ -425,86 +413,6 @@ def sum_calls(source: str, filename: str = "<string>") -> List[Tuple[int, bool]]
     return sorted(checker.sums)
 
 
-def _is_device_branch(test: ast.AST, device: str) -> bool:
-    """``device == "<device>"`` (either operand order)."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    return (any(isinstance(s, ast.Name) and s.id == "device" for s in sides)
-            and any(isinstance(s, ast.Constant) and s.value == device for s in sides))
-
-
-def _npu_mentions(tree: ast.AST) -> List[Tuple[ast.AST, str]]:
-    """(node, option) for each NPU-only option named by a keyword, exact string, attribute or name."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg in NPU_ONLY_OPTIONS:
-            found.append((node.value, node.arg))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in NPU_ONLY_OPTIONS:
-            found.append((node, node.value))
-        elif isinstance(node, ast.Attribute) and node.attr in NPU_ONLY_OPTIONS:
-            found.append((node, node.attr))
-        elif isinstance(node, ast.Name) and node.id in NPU_ONLY_OPTIONS:
-            found.append((node, node.id))
-    return found
-
-
-def _sets_fp_fusion_off(body: List[ast.stmt]) -> bool:
-    """The branch sets ``enable_fp_fusion`` to the literal ``False`` (dict key or keyword)."""
-    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
-        if isinstance(node, ast.Dict):
-            for key, value in zip(node.keys, node.values):
-                if (isinstance(key, ast.Constant) and key.value == "enable_fp_fusion"
-                        and isinstance(value, ast.Constant) and value.value is False):
-                    return True
-        if isinstance(node, ast.keyword) and node.arg == "enable_fp_fusion":
-            if isinstance(node.value, ast.Constant) and node.value.value is False:
-                return True
-    return False
-
-
-def check_launch_options(source: str, filename: str = "kpool/platform.py") -> List[Violation]:
-    """Check the one place NPU-only options may live (platform-numerics.md §1.4, §6.2).
-
-    ``source`` must define a module-level ``launch_options`` function with an ``if device ==
-    "cuda"`` branch that sets ``enable_fp_fusion`` to ``False`` (no FMA contraction: bit parity)
-    and names no NPU-only option, and an ``if device == "npu"`` branch; every NPU-only option
-    (:data:`NPU_ONLY_OPTIONS`) anywhere in the module must sit inside that npu branch.
-
-    Returns:
-        ``"launch-options"`` violations (empty when all holds), or one ``"syntax"`` violation.
-    """
-    tree, errors = _parse(source, filename)
-    if tree is None:
-        return errors
-    out: List[Violation] = []
-
-    def bad(node, message):
-        out.append(Violation("launch-options", filename, getattr(node, "lineno", 0),
-                             getattr(node, "col_offset", 0), message))
-
-    func = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "launch_options"), None)
-    if func is None:
-        bad(tree, "no module-level function launch_options")
-        return out
-    branches = {dev: [n for n in ast.walk(func) if isinstance(n, ast.If) and _is_device_branch(n.test, dev)]
-                for dev in ("npu", "cuda")}
-    allowed: Set[int] = set()
-    for branch in branches["npu"]:
-        for stmt in branch.body:
-            allowed.update(id(n) for n in ast.walk(stmt))
-    for node, label in _npu_mentions(tree):
-        if id(node) not in allowed:
-            bad(node, f"NPU-only option {label!r} outside launch_options' device == \"npu\" branch")
-    if not branches["npu"]:
-        bad(func, "launch_options has no `if device == \"npu\"` branch")
-    if not branches["cuda"]:
-        bad(func, "launch_options has no `if device == \"cuda\"` branch")
-    elif not any(_sets_fp_fusion_off(b.body) for b in branches["cuda"]):
-        bad(branches["cuda"][0], "the cuda branch of launch_options does not set enable_fp_fusion=False")
-    return sorted(out, key=lambda v: (v.line, v.col, v.message))
-
-
 def check_tree(root: Path, package: str = "kpool/ops") -> List[Violation]:
     """:func:`check_portable_subset` over every ``*.py`` under ``root/package`` (recursive).
 
@@ -517,8 +425,11 @@ def check_tree(root: Path, package: str = "kpool/ops") -> List[Violation]:
     return out
 
 
-if __name__ == "__main__":  # python parity/portability.py [ROOT]: print violations, exit 1 if any
+if __name__ == "__main__":  # python tools/portability.py [ROOT]: print violations, exit 1 if any
     import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tools.launch_options import check_launch_options
 
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     found = check_tree(root) + check_launch_options((root / "kpool/platform.py").read_text(), "kpool/platform.py")

@@ -1,0 +1,331 @@
+"""Launch plans of the KPool kernels: grid, tiles and iterations per backend, in one place
+(platform-numerics.md §1.3, §6.1, §6.2).
+
+Every kernel runs a fixed grid of ``min(work, cores * programs_per_core, 65535)`` programs and
+walks its tiles with a grid-stride loop (tile ``i`` -> program ``i % grid``), so the grid never
+exceeds Ascend's ``coreDim <= UINT16_MAX`` and the results never depend on it: a tile decides
+which program computes a cell, never the order of the cell's operations. A :class:`LaunchPlan`
+says all of that for one launch; the launchers (``kpool.ops.compress``, ``.score``, ``.expand``)
+launch exactly ``kernel[(plan.grid,)](..., **plan.constexprs, **plan.options)`` and
+``parity.programs`` maps an element back to the program that wrote it from the same plan.
+
+Cores per backend:
+
+* npu: vector kernels run one program per vector core, ``triton.runtime.driver.active.utils.
+  get_device_properties(i)["num_vectorcore"]`` (``num_aicore`` if absent). The score kernels use
+  ``tl.dot``, which triton-ascend compiles to a mixed cube + vector kernel launched on the AI
+  cores (one cube unit and two vector units each on A2/A3), so their grid is ``num_aicore``.
+  Unverified on hardware (platform-numerics.md §6.4 item 7).
+* cuda: streaming multiprocessors, ``torch.cuda.get_device_properties(d).multi_processor_count``,
+  times resident programs per SM (memory latency is hidden by occupancy).
+* cpu (Triton interpreter): no core count; programs run one after another, so only a small cap
+  applies. The Triton driver is never touched there (it raises "0 active drivers" on a host
+  without GPU/NPU).
+
+Importing this module imports torch only (no Triton): ``parity.programs`` reads plans without
+loading a kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Mapping, Optional
+
+import torch
+
+GRID_LIMIT = 65535
+"""Most programs in one launch: Ascend ``coreDim`` is a uint16 (platform-numerics.md §1.3)."""
+
+DECODE_ROWS = 8
+"""Requests with at most this many query rows (decode, MTP verify) are scored by the decode
+kernel (one request x a block of pools per tile, the key tile reused by each row); longer
+requests by the prefill kernel (a block of rows x a block of pools). The split is per request,
+from its own query length, so a row's bits never depend on the rest of the batch."""
+
+MIN_DOT = 16
+"""``tl.dot`` needs M, N, K >= 16 (CUDA; triton-ascend 3.2's interpreter asserts it too):
+heads, head dims and tiles are padded with exact zeros up to this."""
+
+# Tunables per (kernel, backend). Results are bitwise independent of all of them (they pick
+# tiles and programs, never an operation order inside a cell); a benchmark may change them.
+# The CUDA values are the fastest of the variants measured on an H200 (docs/kernels.md).
+TUNING: Dict[str, Dict[str, dict]] = {
+    # BLOCK_J * BLOCK_D * P <= window: the P window tiles of K and gate stay in registers (no
+    # spills on sm_90: tests/test_cuda_compile.py). BLOCK_D=0: next_pow2(D).
+    # D_SPLIT: channels per tile (0: all), walked in chunks of BLOCK_D.
+    "compress": {"cuda": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=4, num_warps=8),
+                 "npu": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=1),
+                 "cpu": dict(BLOCK_J=64, BLOCK_D=0, D_SPLIT=0, window=2 ** 20, cap=4, rows_at_once=True)},
+    "ring_write": {"cuda": dict(BLOCK_T=8, per_core=8, num_warps=4),
+                   "npu": dict(BLOCK_T=16, per_core=1),
+                   "cpu": dict(BLOCK_T=256, cap=4)},
+    "score_decode": {"cuda": dict(BLOCK_N=128, per_core=8, num_warps=4, num_stages=2),
+                     "npu": dict(BLOCK_N=64, per_core=1),
+                     "cpu": dict(BLOCK_N=0, cap=64)},                  # BLOCK_N=0: whole row (<= 4096)
+    "score_prefill": {"cuda": dict(BLOCK_M=64, BLOCK_N=128, per_core=2, num_warps=4, num_stages=3),
+                      "npu": dict(BLOCK_M=64, BLOCK_N=64, per_core=1),
+                      "cpu": dict(BLOCK_M=64, BLOCK_N=0, cap=64)},
+    "merge_heads": {"cuda": dict(BLOCK_ROWS=4, per_core=8, num_warps=4),
+                    "npu": dict(BLOCK_ROWS=4, per_core=1),
+                    "cpu": dict(BLOCK_ROWS=64, cap=4)},
+    "expand": {"cuda": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=8, num_warps=4),
+               "npu": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=1),
+               "cpu": dict(BLOCK_ROWS=16, BLOCK_COLS=256, cap=GRID_LIMIT)},
+}
+_INTERP_MAX_POOLS = 4096
+_DOT_KERNELS = frozenset({"score_decode", "score_prefill"})
+
+_core_cache: dict = {}
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints, ``b > 0``."""
+    return -(-int(a) // int(b))
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two ``>= n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def backend_of(device) -> str:
+    """``"cuda"``, ``"npu"`` or ``"cpu"`` (interpreter) from a torch device or tensor."""
+    kind = getattr(device, "device", device)
+    kind = getattr(kind, "type", kind)
+    return kind if kind in ("cuda", "npu") else "cpu"
+
+
+def _device_index(backend: str, device) -> int:
+    if isinstance(device, str):
+        device = torch.device(device)
+    index = getattr(device, "index", None)
+    if index is not None:
+        return int(index)
+    if backend == "cuda":
+        return int(torch.cuda.current_device())
+    return int(torch.npu.current_device())
+
+
+def core_count(backend: str, device, *, unit: str = "vector") -> Optional[int]:
+    """Parallel cores a grid is sized from, or ``None`` on the interpreter.
+
+    Args:
+        backend: ``"cuda"``, ``"npu"`` or ``"cpu"``.
+        device: the torch device of the kernel's tensors (index ``None`` = current device).
+        unit: npu only: ``"vector"`` (``num_vectorcore``, else ``num_aicore``) or ``"cube"``
+            (``num_aicore``, else ``num_vectorcore``), for kernels with ``tl.dot``.
+    Returns:
+        cuda: SM count; npu: as ``unit`` says (1 if the driver reports neither); cpu: ``None``.
+        Always ``>= 1`` when not ``None``. Read once per (backend, device index, unit).
+    """
+    if backend not in ("cuda", "npu"):
+        return None
+    index = _device_index(backend, device)
+    key = (backend, index, unit if backend == "npu" else "sm")
+    if key not in _core_cache:
+        if backend == "cuda":
+            cores = torch.cuda.get_device_properties(index).multi_processor_count
+        else:
+            import triton
+            props = triton.runtime.driver.active.utils.get_device_properties(index)
+            order = ("num_aicore", "num_vectorcore") if unit == "cube" else ("num_vectorcore", "num_aicore")
+            cores = props.get(order[0]) or props.get(order[1]) or 1
+        _core_cache[key] = max(1, int(cores))
+    return _core_cache[key]
+
+
+def launch_grid(work: int, backend: str, device, *, programs_per_core: int = 1, limit: int = GRID_LIMIT,
+                cpu_cap: Optional[int] = None, unit: str = "vector", cores: Optional[int] = None) -> int:
+    """Programs of a 1-D launch over ``work`` tiles: ``min(work, cores * programs_per_core,
+    limit, 65535)`` on cuda/npu, ``min(work, cpu_cap, limit, 65535)`` on cpu; at least 1.
+    ``cores``: use this core count instead of asking the device (cuda/npu only)."""
+    if cores is None:
+        cores = core_count(backend, device, unit=unit)
+    elif backend not in ("cuda", "npu"):
+        cores = None
+    cap = min(int(limit), GRID_LIMIT)
+    if cores is not None:
+        cap = min(cap, cores * max(1, int(programs_per_core)))
+    elif cpu_cap is not None:
+        cap = min(cap, int(cpu_cap))
+    return max(1, min(int(work), cap))
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One 1-D grid-stride launch.
+
+    Attributes:
+        kernel: which launch (a key of :data:`TUNING`).
+        tiles: logical tiles the kernel's grid-stride loop walks (tile ``i`` by program ``i % grid``).
+        grid: programs launched, ``1 <= grid <= 65535``.
+        constexprs: tile sizes and other compile-time constants passed to the kernel.
+        options: Triton launch options (``kpool.platform.launch_options`` plus this launch's
+            ``num_warps`` / ``num_stages`` on CUDA).
+    """
+
+    kernel: str
+    tiles: int
+    grid: int
+    constexprs: Mapping[str, object] = field(default_factory=dict)
+    options: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def iters(self) -> int:
+        """Grid-stride iterations of the busiest program, ``cdiv(tiles, grid)``."""
+        return cdiv(self.tiles, self.grid)
+
+    def program_of_tile(self, tile: int) -> int:
+        """The program that handles ``tile``."""
+        return int(tile) % self.grid
+
+
+def _make(kernel: str, tiles: int, backend: str, device, constexprs: dict, launch_options,
+          cores: Optional[int] = None) -> LaunchPlan:
+    tune = TUNING[kernel][backend]
+    unit = "cube" if kernel in _DOT_KERNELS else "vector"
+    grid = launch_grid(tiles, backend, device, programs_per_core=tune.get("per_core", 1),
+                       cpu_cap=tune.get("cap"), unit=unit, cores=cores)
+    if launch_options is None:
+        from ..platform import launch_options as platform_options
+        options = dict(platform_options(backend))
+        if backend == "cuda":
+            options.update({k: tune[k] for k in ("num_warps", "num_stages") if k in tune})
+    else:
+        options = dict(launch_options)
+    return LaunchPlan(kernel, int(tiles), grid, constexprs, options)
+
+
+def compress_plan(num_rows: int, head_dim: int, index_kpool: int, device, launch_options=None,
+              cores: Optional[int] = None) -> LaunchPlan:
+    """Launch 1 of the cache update (kpool-algorithm.md §5.1-§5.3): tiles of ``BLOCK_J * P``
+    token rows x ``D_SPLIT`` channels (tile ``i``: row tile ``i // cdiv(D, D_SPLIT)``, channel
+    chunk ``i % cdiv(D, D_SPLIT)``); a tile inside one request compresses its ``BLOCK_J`` pools
+    (one per lane), any other tile walks its rows in ``P`` groups of ``BLOCK_J``. Channels in
+    chunks of ``BLOCK_D``. Sized by ``T`` (host), never by the live rows (device data)."""
+    backend = backend_of(device)
+    tune = TUNING["compress"][backend]
+    block_d = min(tune["BLOCK_D"] or next_pow2(head_dim), next_pow2(head_dim))
+    block_j = max(1, min(tune["BLOCK_J"], tune["window"] // (block_d * int(index_kpool))))
+    block_j = 1 << (block_j.bit_length() - 1)                       # a power of two
+    if backend == "cpu":   # the interpreter pays per op: one tile per few rows, shrunk to T
+        block_j = max(1, min(block_j, next_pow2(cdiv(num_rows, index_kpool))))
+    rows_per_tile = block_j * index_kpool
+    d_split = max(block_d, min(tune.get("D_SPLIT") or next_pow2(head_dim), next_pow2(head_dim)))
+    d_split = -(-d_split // block_d) * block_d
+    return _make("compress", cdiv(num_rows, rows_per_tile) * cdiv(head_dim, d_split), backend, device,
+                 dict(P=int(index_kpool), BLOCK_J=block_j, BLOCK_D=block_d, D_SPLIT=d_split,
+                      ROWS_AT_ONCE=bool(tune.get("rows_at_once", False)), BLOCK_R=next_pow2(rows_per_tile)),
+                 launch_options, cores)
+
+
+def ring_write_plan(num_rows: int, head_dim: int, device, launch_options=None,
+              cores: Optional[int] = None) -> LaunchPlan:
+    """Launch 2 of the cache update (§5.4): tiles of ``BLOCK_T`` token rows x all channels."""
+    backend = backend_of(device)
+    block_t = TUNING["ring_write"][backend]["BLOCK_T"]
+    if backend == "cpu":
+        block_t = max(1, min(block_t, next_pow2(num_rows)))
+    return _make("ring_write", cdiv(num_rows, block_t), backend, device,
+                 dict(BLOCK_T=block_t, BLOCK_D=next_pow2(head_dim)), launch_options, cores)
+
+
+def _pool_block(tune: dict, max_pool_seq_len: int) -> int:
+    if tune["BLOCK_N"]:
+        return tune["BLOCK_N"]
+    return max(MIN_DOT, min(_INTERP_MAX_POOLS, next_pow2(max_pool_seq_len)))
+
+
+def score_decode_plan(num_requests: int, max_pool_seq_len: int, num_heads: int, head_dim: int, device,
+                      launch_options=None,
+              cores: Optional[int] = None) -> LaunchPlan:
+    """Decode/MTP scoring (kpool-algorithm.md §4.1-§4.3): a tile is one request x a segment of
+    its ``BLOCK_N``-pool blocks (``decode_segments``: one tile per program when
+    the grid allows); each of the request's rows (at most :data:`DECODE_ROWS`) scores each key
+    tile with one ``tl.dot`` of ``[BLOCK_N, DP] x [DP, HP]`` (heads padded to ``HP``, dims to
+    ``DP``). ``tiles``: the upper bound, one pool block per tile."""
+    backend = backend_of(device)
+    block_n = _pool_block(TUNING["score_decode"][backend], max_pool_seq_len)
+    tiles = num_requests * cdiv(max_pool_seq_len, block_n)        # at most one pool block per tile
+    return _make("score_decode", tiles, backend, device,
+                 dict(BLOCK_N=block_n, HP=max(MIN_DOT, next_pow2(num_heads)),
+                      DP=max(MIN_DOT, next_pow2(head_dim)), DECODE_ROWS=DECODE_ROWS,
+                      DOT_F32=backend == "cpu"), launch_options, cores)
+
+
+def decode_segments(decode: LaunchPlan, num_requests: int, max_pool_seq_len: int) -> int:
+    """Segments of each request's pool blocks in the decode kernel (host ints only): enough
+    (request, segment) tiles for one per program of the plan's grid, each at least one block.
+    Tile ``r * segments + s`` scores request ``r``'s blocks ``[s * per, (s + 1) * per)``,
+    ``per = cdiv(blocks, segments)``."""
+    blocks = cdiv(max_pool_seq_len, decode.constexprs["BLOCK_N"])
+    return max(1, min(blocks, decode.grid // max(1, num_requests)))
+
+
+def score_prefill_plan(num_rows: int, num_requests: int, total_rows: int, max_pool_seq_len: int, head_dim: int,
+                       device, launch_options=None, cores: Optional[int] = None) -> LaunchPlan:
+    """Prefill scoring of a chunk of ``num_rows`` rows: one tile = one request's block of
+    ``BLOCK_M`` rows (blocks aligned to the request start) x ``BLOCK_N`` pools, one ``tl.dot``
+    of ``[BLOCK_M, DP] x [DP, BLOCK_N]`` per head reusing the key tile. The kernel walks the
+    chunk's blocks (found on the device); ``tiles`` is their host-side upper bound,
+    ``(cdiv(num_rows, BLOCK_M) + R) * cdiv(max_pool_seq_len, BLOCK_N)``. ``BLOCK_M`` depends on
+    ``total_rows`` (``T``), never on the chunk, so every chunk uses the same blocks."""
+    backend = backend_of(device)
+    tune = TUNING["score_prefill"][backend]
+    block_m = tune["BLOCK_M"]
+    if backend == "cpu":
+        block_m = max(MIN_DOT, min(block_m, next_pow2(total_rows)))
+    block_n = _pool_block(tune, max_pool_seq_len)
+    tiles = (cdiv(num_rows, block_m) + num_requests) * cdiv(max_pool_seq_len, block_n)
+    return _make("score_prefill", tiles, backend, device,
+                 dict(BLOCK_M=block_m, BLOCK_N=block_n, DP=max(MIN_DOT, next_pow2(head_dim)),
+                      DECODE_ROWS=DECODE_ROWS, DOT_F32=backend == "cpu"), launch_options, cores)
+
+
+def merge_heads_plan(num_rows: int, head_dim: int, device, launch_options=None,
+                     cores: Optional[int] = None) -> LaunchPlan:
+    """Score mode (M)'s head merge (kpool-algorithm.md §4.2 (M)): tiles of ``BLOCK_ROWS`` rows."""
+    backend = backend_of(device)
+    block_rows = TUNING["merge_heads"][backend]["BLOCK_ROWS"]
+    if backend == "cpu":
+        block_rows = max(1, min(block_rows, next_pow2(num_rows)))
+    return _make("merge_heads", cdiv(num_rows, block_rows), backend, device, dict(BLOCK_ROWS=block_rows),
+                 launch_options, cores)
+
+
+def expand_plan(num_rows: int, width: int, device, launch_options=None,
+              cores: Optional[int] = None) -> LaunchPlan:
+    """Index expansion (§4.5): tiles of ``BLOCK_ROWS`` rows x ``BLOCK_COLS`` output columns."""
+    backend = backend_of(device)
+    tune = TUNING["expand"][backend]
+    tiles = cdiv(num_rows, tune["BLOCK_ROWS"]) * cdiv(width, tune["BLOCK_COLS"])
+    return _make("expand", tiles, backend, device,
+                 dict(BLOCK_ROWS=tune["BLOCK_ROWS"], BLOCK_COLS=tune["BLOCK_COLS"]), launch_options, cores)
+
+
+def score_scratch_rows(max_pool_seq_len: int, scratch_bytes: int, max_score_rows: Optional[int] = None) -> int:
+    """Rows per score chunk: the int64 key scratch ``rows x max_pool_seq_len x 8 B`` stays within
+    ``scratch_bytes`` (kpool-algorithm.md §4.6), at most ``max_score_rows`` when given, >= 1."""
+    rows = max(1, int(scratch_bytes) // (8 * max(1, int(max_pool_seq_len))))
+    if max_score_rows is not None:
+        rows = max(1, min(rows, int(max_score_rows)))
+    return rows
+
+
+def vector_view(t: torch.Tensor, strides, max_vec: int):
+    """``t``'s storage from its start, with ``t``'s offset and ``strides`` in units of ``vec``.
+
+    ``vec`` is the largest power of two ``<= max_vec`` dividing the storage offset and every
+    stride. A kernel that addresses ``base + (offset + i * stride) * VEC + d`` then has provably
+    ``VEC``-aligned rows (the storage start comes from the allocator, and Triton specializes on
+    its alignment at launch), so its loads vectorize without specializing on any runtime
+    stride: one compile per ``VEC`` in {1, 2, 4, 8}, not one per stride pattern.
+
+    Returns:
+        ``(base 1-D tensor, offset // vec, [stride // vec, ...], vec)``.
+    """
+    values = [t.storage_offset(), *strides]
+    vec = max(1, int(max_vec))
+    while vec > 1 and any(int(v) % vec for v in values):
+        vec //= 2
+    base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+    return base, t.storage_offset() // vec, [int(s) // vec for s in strides], vec

@@ -1,0 +1,405 @@
+"""Pool scoring on tensor cores, with the selection key fused in the epilogue (kpool-algorithm.md
+§4.1-§4.4).
+
+For live row ``t`` (request ``r``, position ``p``) and pool ``j < max_pool_seq_len``:
+``visible = min((p + 1) // P, seq_lens[r])``; the key row is ``c_j = compressed_cache[
+block_table[r, j // B], j % B, 0, :]`` (the physical page clamped into ``[0, N-1]`` only for
+address legality); the raw score is
+
+* (R): ``sum_h w[t,h] * relu(q[t,h,:] . c_j)``, * (M): ``sum_h w[t,h] * (q[t,h,:] . c_j)``
+  (mathematically ``(sum_h w_h q_h) . c_j``, §4.2 (M); the order is certified like (R)'s);
+
+each ``q_h . c_j`` is one ``tl.dot`` (bf16 x bf16 products, exact in fp32, accumulated in fp32
+in the hardware's order; never tf32). The accumulation order differs from
+``reference.numerics.pool_scores``; parity-contract.md §3.2 certifies exactly that difference
+(``parity.certificates``), and exact-data cases (every partial sum exact) stay bitwise. Each
+cell is then sanitized (§4.3: invisible, NaN, ``<= LOWEST`` -> LOWEST; ``> FLT_MAX`` ->
+FLT_MAX; ``-0.0`` -> ``+0.0``) and stored as an int64 selection key: high word the
+order-preserving image of the score, low word ``-1 - j``, so ``torch.topk`` of a row's keys is
+the canonical top-k (descending score, ties to the lower pool id; :mod:`kpool.ops.topk`).
+
+Two tilings of one computation (``kpool.ops.plan``), chosen per request from its own query
+length, so a row's bits never depend on the rest of the batch, the chunking or the padding:
+
+* :func:`_score_decode_kernel` (requests of at most ``DECODE_ROWS`` rows: decode, MTP verify):
+  a tile is one request x a segment of its pool blocks; for each row of the request the
+  ``[BLOCK_N, D]`` key tiles (each pool row is D contiguous bf16: coalesced) stream through an
+  inner, pipelined loop, each scored with one ``[BLOCK_N, DP] x [DP, HP]`` dot, then ReLU, head
+  weights and the head sum (a tree over the padded heads) in the epilogue.
+* :func:`_score_prefill_kernel` (longer requests): a tile is ``BLOCK_M`` rows x ``BLOCK_N``
+  pools; one ``[BLOCK_M, DP] x [DP, BLOCK_N]`` dot per head reuses the key tile, accumulating
+  ``w_h * relu(.)`` in head order; a row block spanning several requests loops over them.
+  Tiles whose pools are all invisible write LOWEST keys without touching the cache (causal skip).
+
+Both kernels read ``T_live = cum_query_lens[R - 1]`` and the request boundaries on the device and
+use only the batch-global row index (§9 item 12), so a launch depends on shapes alone.
+Operands: ``DOT_F32`` (the interpreter) widens bf16 bits to fp32 for an IEEE fp32 dot; compiled
+backends bitcast the bits to bf16. Heads, dims and tiles are padded to 16 with exact zeros
+(masked ``other=0``); padded heads are removed with ``tl.where``, never multiplied (0 * NaN).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import KPoolConfigError, KPoolDtypeError, KPoolShapeError
+from . import plan as launch_plan
+from ._portable import (KEY_LOWEST, KEY_LOWEST_C, int32_of, load_bf16_operand, load_f32, request_of_rows,
+                        score_key_hi, visible_pools)
+from .merged import merged_exact, merged_heads, merged_needs_exact
+
+SCORE_MODES = {"relu": 0, "merged": 1}
+
+_NO_SPECIALIZE = ["q_offset", "stride_q_t", "stride_q_h", "stride_w_t", "stride_w_h", "cache_offset",
+                  "stride_cache_n", "stride_cache_b", "num_pages", "page_size", "num_requests", "stride_bt_r",
+                  "stride_bt_m", "bt_width", "stride_keys_t", "row_start", "num_rows", "max_pool_seq_len",
+                  "stride_qbar_t"]
+# Runtime sizes and outer strides are not specialized, so a stream of batches compiles one
+# variant per configuration (P, D, H, mode, weight dtype) and vector width only. q and the cache
+# arrive as their storage start (aligned by the allocator) with offsets and strides in units of
+# VQ / VC (``kpool.ops.plan.vector_view``): rows are provably VQ/VC-aligned, so the key and query
+# tiles load as 16-byte vectors although no stride is specialized. Addressing only, same math.
+
+
+@triton.jit
+def _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset, stride_cache_n,
+               stride_cache_b, stride_bt_r, stride_bt_m, bt_width, WIDE: tl.constexpr, VC: tl.constexpr):
+    """Element offset (from the cache's storage start) of each pool's key row, through request
+    ``r``'s block table (the page clamped into range only for address legality); offset and
+    strides are in units of ``VC`` elements."""
+    page_idx = pools // page_size
+    page = tl.load(block_table_ptr + r * stride_bt_r + page_idx * stride_bt_m,
+                   mask=load_ok & (page_idx < bt_width), other=0)
+    page = tl.maximum(tl.minimum(page, num_pages - 1), 0)
+    if WIDE:
+        return (cache_offset + page.to(tl.int64) * stride_cache_n
+                + ((pools % page_size) * stride_cache_b).to(tl.int64)) * VC
+    else:
+        return (cache_offset + page * stride_cache_n + (pools % page_size) * stride_cache_b) * VC
+
+
+@triton.jit
+def _store_keys(key_ptrs, pools, key_hi, mask):
+    """Store int64 keys: high word the score image, low word ``0xFFFFFFFF - pool`` (ties to
+    the lower id)."""
+    key = (key_hi.to(tl.int64) << 32) | ((-1 - pools).to(tl.int64) & 0xFFFFFFFF)
+    tl.store(key_ptrs, key, mask=mask)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE + ["num_segments"])
+def _score_decode_kernel(
+    q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
+    weights_ptr, stride_w_t, stride_w_h,
+    cache_ptr, cache_offset, stride_cache_n, stride_cache_b, stride_cache_d, num_pages, page_size,
+    positions_ptr, cum_query_lens_ptr, seq_lens_ptr, num_requests,
+    block_table_ptr, stride_bt_r, stride_bt_m, bt_width,
+    keys_ptr, stride_keys_t,
+    row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, num_segments,
+    H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, MODE: tl.constexpr, W_BF16: tl.constexpr,
+    WIDE: tl.constexpr, VQ: tl.constexpr, VC: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr,
+    BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """Keys of the rows ``[row_start, row_start + num_rows)`` that belong to decode-sized
+    requests. Tile = (request, segment of its pool blocks): the request's metadata and each
+    row's query are loaded once, then the pool blocks stream through an inner loop the compiler
+    can pipeline (block table, key tile, dot, epilogue, store). ``keys_ptr``: the int64
+    ``[num_rows, max_pool_seq_len]`` scratch; q and the cache: bf16 (int16 bits when DOT_F32)
+    storage starts, offsets and outer strides in units of VQ / VC elements."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_pool_blocks = tl.cdiv(max_pool_seq_len, BLOCK_N)
+    per_segment = tl.cdiv(n_pool_blocks, num_segments)
+    heads = tl.arange(0, HP)
+    dims = tl.arange(0, DP)
+    offs_n = tl.arange(0, BLOCK_N)
+    chunk_end = row_start + num_rows
+    t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
+    for tile in range(pid, num_requests * num_segments, nprog):
+        r = tile // num_segments
+        segment = tile - r * num_segments
+        q_lo = tl.load(cum_query_lens_ptr + r - 1, mask=r > 0, other=0)
+        q_hi = tl.load(cum_query_lens_ptr + r)
+        lo = tl.maximum(q_lo, row_start)
+        hi = tl.minimum(tl.minimum(q_hi, chunk_end), t_live)
+        if (q_hi - q_lo <= DECODE_ROWS) & (lo < hi):
+            pools_of_req = tl.load(seq_lens_ptr + r)
+            pb_first = segment * per_segment
+            pb_end = tl.minimum(pb_first + per_segment, n_pool_blocks)
+            for i in range(0, hi - lo):
+                t = lo + i                      # (a tensor on every backend: the interpreter's range yields ints)
+                vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
+                q_t = load_bf16_operand(q_ptr + (q_offset + t.to(tl.int64) * stride_q_t) * VQ
+                                        + heads[None, :] * (stride_q_h * VQ) + dims[:, None] * stride_q_d,
+                                        (dims < D)[:, None] & (heads < H)[None, :], DOT_F32)  # [DP, HP]
+                w = load_f32(weights_ptr + t.to(tl.int64) * stride_w_t + heads * stride_w_h, heads < H, W_BF16)
+                key_row = keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t
+                for pb in range(pb_first, pb_end):
+                    pools = pb * BLOCK_N + offs_n
+                    load_ok = pools < vis
+                    cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset,
+                                       stride_cache_n, stride_cache_b, stride_bt_r, stride_bt_m, bt_width, WIDE, VC)
+                    key_tile = load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d,
+                                                 load_ok[:, None] & (dims < D)[None, :], DOT_F32)  # [BLOCK_N, DP]
+                    s = tl.dot(key_tile, q_t, input_precision="ieee")                       # [BLOCK_N, HP]
+                    if MODE == 0:   # w * relu(s), bit for bit (see the prefill kernel)
+                        term = tl.where(s < 0, (w * 0.0)[None, :], w[None, :] * s)
+                    else:
+                        term = w[None, :] * s
+                    # Head sum in tree order (certified, parity-contract.md §3.2); padded heads by
+                    # where, not by a zero weight (0 * NaN is NaN).
+                    score = tl.sum(tl.where((heads < H)[None, :], term, 0.0), axis=1)
+                    if MODE == 1:
+                        if merged_needs_exact(key_tile, nonfinite_ptr + t + tl.arange(0, 1), DOT_F32):
+                            score = merged_exact(qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr, cells,
+                                                  load_ok, stride_cache_d, D, DOT_F32)
+                    _store_keys(key_row + pools, pools, score_key_hi(score, pools >= vis), pools < max_pool_seq_len)
+
+
+@triton.jit(do_not_specialize=["num_requests", "search_steps", "row_start", "num_rows"])
+def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, search_steps, row_start, num_rows,
+                           BLOCK_M: tl.constexpr, DECODE_ROWS: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Row blocks of the prefill kernel, aligned to request starts (one program).
+
+    ``block_ends[r]`` = number of ``BLOCK_M``-row blocks of the prefill-sized requests ``<= r``
+    (requests of at most ``DECODE_ROWS`` rows have none); ``block_ends[R]`` and
+    ``block_ends[R + 1]`` = the first and one past the last block holding a row of
+    ``[row_start, row_start + num_rows)``. Integer prefix sums (exact in any order)."""
+    lanes = tl.arange(0, BLOCK_R)
+    # The chunk's edge rows, their requests and the request's own blocks before / up to them.
+    edge = tl.arange(0, 2)
+    edge_row = tl.where(edge == 0, row_start, row_start + num_rows - 1)
+    edge_req = request_of_rows(edge_row, cum_query_lens_ptr, num_requests, search_steps)
+    e_lo = tl.load(cum_query_lens_ptr + edge_req - 1, mask=edge_req > 0, other=0)
+    e_len = tl.load(cum_query_lens_ptr + edge_req) - e_lo
+    e_blocks = tl.where(e_len > DECODE_ROWS, (e_len + BLOCK_M - 1) // BLOCK_M, 0)
+    inside = edge_row - e_lo < e_len
+    own = tl.where(inside, (edge_row - e_lo) // BLOCK_M + edge, e_blocks)   # the last edge counts its block
+    own = tl.where(e_len > DECODE_ROWS, own, 0)
+    before = edge * 0
+    carry = num_requests * 0                   # an int32 scalar zero
+    for base in range(0, num_requests, BLOCK_R):
+        r = base + lanes
+        ok = r < num_requests
+        end = tl.load(cum_query_lens_ptr + r, mask=ok, other=0)
+        start = tl.load(cum_query_lens_ptr + r - 1, mask=ok & (r > 0), other=0)
+        qlen = end - start
+        blocks = tl.where(ok & (qlen > DECODE_ROWS), (qlen + BLOCK_M - 1) // BLOCK_M, 0)
+        # inclusive prefix sum as a masked row sum (exact integers; no scan primitive needed)
+        prefix = tl.sum(tl.where(lanes[None, :] <= lanes[:, None], blocks[None, :], 0), axis=1)
+        tl.store(block_ends_ptr + r, int32_of(carry + prefix), mask=ok)     # (int32_of: see _portable)
+        before = before + tl.sum(tl.where(r[None, :] < edge_req[:, None], blocks[None, :], 0), axis=1)
+        carry = carry + tl.sum(tl.where(ok, blocks, 0), axis=0)
+    tl.store(block_ends_ptr + num_requests + edge, int32_of(before + own))
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE + ["search_steps"])
+def _score_prefill_kernel(
+    q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
+    weights_ptr, stride_w_t, stride_w_h,
+    cache_ptr, cache_offset, stride_cache_n, stride_cache_b, stride_cache_d, num_pages, page_size,
+    positions_ptr, cum_query_lens_ptr, seq_lens_ptr, num_requests,
+    block_table_ptr, stride_bt_r, stride_bt_m, bt_width,
+    keys_ptr, stride_keys_t,
+    row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, block_ends_ptr, search_steps,
+    H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, MODE: tl.constexpr, W_BF16: tl.constexpr,
+    WIDE: tl.constexpr, VQ: tl.constexpr, VC: tl.constexpr, DP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """Keys of the rows of ``[row_start, row_start + num_rows)`` that belong to requests longer
+    than ``DECODE_ROWS``. A tile is one request's block of ``BLOCK_M`` rows (blocks aligned to
+    the request start, ``block_ends`` from :func:`_prefill_blocks_kernel`) x ``BLOCK_N`` pools,
+    so one key tile serves every row of the tile."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_pool_blocks = tl.cdiv(max_pool_seq_len, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, DP)
+    chunk_end = row_start + num_rows
+    t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
+    first_block = tl.load(block_ends_ptr + num_requests)
+    n_blocks = tl.load(block_ends_ptr + num_requests + 1) - first_block
+    for tile in range(pid, n_blocks * n_pool_blocks, nprog):
+        v = first_block + tile // n_pool_blocks
+        pb = tile % n_pool_blocks
+        r = request_of_rows(v, block_ends_ptr, num_requests, search_steps)
+        b = v - tl.load(block_ends_ptr + r - 1, mask=r > 0, other=0)
+        q_lo = tl.load(cum_query_lens_ptr + r - 1, mask=r > 0, other=0)
+        q_hi = tl.load(cum_query_lens_ptr + r)
+        row0 = q_lo + b * BLOCK_M                          # batch-global rows (§9 item 12)
+        rows = row0 + offs_m
+        mine = (rows >= row_start) & (rows < chunk_end) & (rows < q_hi) & (rows < t_live)
+        pos = tl.load(positions_ptr + rows, mask=mine, other=0).to(tl.int32)
+        pools_of_req = tl.load(seq_lens_ptr + r)
+        vis = tl.where(mine, visible_pools(pos, pools_of_req, P), 0)
+        max_vis = tl.max(vis, axis=0)  # portable-ok: reduction -- int32 max is exact in any order
+        pools = pb * BLOCK_N + offs_n
+        if pb * BLOCK_N < max_vis:
+            load_ok = pools < max_vis
+            cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset,
+                               stride_cache_n, stride_cache_b, stride_bt_r, stride_bt_m, bt_width, WIDE, VC)
+            key_t = load_bf16_operand(cache_ptr + cells[None, :] + dims[:, None] * stride_cache_d,
+                                      (dims < D)[:, None] & load_ok[None, :], DOT_F32)   # [DP, BLOCK_N]
+            # Rows past the request read its last row (address legality; their results are never
+            # stored), so the query loads need no row mask and pipeline as plain vectors.
+            local = tl.minimum(offs_m, q_hi - 1 - row0).to(tl.int64)
+            q_ptrs = (q_ptr + (q_offset + row0.to(tl.int64) * stride_q_t) * VQ + local[:, None] * (stride_q_t * VQ)
+                      + dims[None, :] * stride_q_d)
+            w_ptrs = weights_ptr + (row0 + local) * stride_w_t
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for h in range(H):
+                if D == DP:
+                    q_h = load_bf16_operand(q_ptrs + h * (stride_q_h * VQ), None, DOT_F32)   # [BLOCK_M, DP]
+                else:
+                    q_h = load_bf16_operand(q_ptrs + h * (stride_q_h * VQ), (dims < D)[None, :], DOT_F32)
+                s = tl.dot(q_h, key_t, input_precision="ieee")                              # [BLOCK_M, BLOCK_N]
+                w_h = load_f32(w_ptrs + h * stride_w_h, None, W_BF16)
+                # Heads in order, from 0.0, as the reference; w * relu(s) written as a select of
+                # two products (the same bits: relu keeps NaN and -0.0, w * 0.0 keeps an infinite
+                # or NaN weight's NaN), which keeps fewer registers live than ReLU then product.
+                if MODE == 0:
+                    acc = acc + tl.where(s < 0, (w_h * 0.0)[:, None], w_h[:, None] * s)
+                else:
+                    acc = acc + w_h[:, None] * s
+            if MODE == 1:
+                if merged_needs_exact(key_t, nonfinite_ptr + row0 + local, DOT_F32):
+                    acc = merged_exact(qbar_ptr + (row0 + local)[:, None] * stride_qbar_t, cache_ptr,
+                                        cells[None, :], load_ok[None, :], stride_cache_d, D, DOT_F32)
+            key_ptrs = (keys_ptr + (row0 - row_start).to(tl.int64) * stride_keys_t + offs_m[:, None] * stride_keys_t
+                        + pools[None, :])
+            _store_keys(key_ptrs, pools[None, :], score_key_hi(acc, pools[None, :] >= vis[:, None]),
+                        mine[:, None] & (pools < max_pool_seq_len)[None, :])
+        else:   # nothing visible in this tile: LOWEST keys, the cache untouched
+            key_ptrs = (keys_ptr + (row0 - row_start).to(tl.int64) * stride_keys_t + offs_m[:, None] * stride_keys_t
+                        + pools[None, :])
+            _store_keys(key_ptrs, pools[None, :], tl.full([BLOCK_M, BLOCK_N], KEY_LOWEST_C, tl.int32),
+                        mine[:, None] & (pools < max_pool_seq_len)[None, :])
+
+
+def _plain_options(options: dict) -> dict:
+    """A launch's backend options without its tile tuning (for the one-program helper kernel)."""
+    return {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
+
+
+def _check(q, weights, compressed_cache, block_table, score_mode, keys, num_rows, max_pool_seq_len):
+    if score_mode not in SCORE_MODES:
+        raise KPoolConfigError(f"score_mode must be one of {tuple(SCORE_MODES)}, got {score_mode!r}")
+    if q.dtype != torch.bfloat16 or compressed_cache.dtype != torch.bfloat16:
+        raise KPoolDtypeError(f"q and compressed_cache must be bfloat16, got {q.dtype} and {compressed_cache.dtype}")
+    if weights.dtype not in (torch.float32, torch.bfloat16):
+        raise KPoolDtypeError(f"weights must be float32 or bfloat16, got {weights.dtype}")
+    if keys.dtype != torch.int64:
+        raise KPoolDtypeError(f"score keys must be int64, got {keys.dtype}")
+    if q.dim() != 3 or weights.shape != q.shape[:2] or compressed_cache.dim() != 4 \
+            or compressed_cache.shape[3] != q.shape[2] or block_table.dim() != 2:
+        raise KPoolShapeError(
+            f"shape mismatch: q {tuple(q.shape)}, weights {tuple(weights.shape)}, "
+            f"cache {tuple(compressed_cache.shape)}, block_table {tuple(block_table.shape)}")
+    if keys.dim() != 2 or keys.shape[0] < num_rows or keys.shape[1] < max_pool_seq_len \
+            or (keys.numel() > 0 and keys.stride(1) != 1):
+        raise KPoolShapeError(f"key scratch {tuple(keys.shape)} (stride {keys.stride()}) cannot hold "
+                              f"[{num_rows}, {max_pool_seq_len}] with unit column stride")
+
+
+def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torch.Tensor,
+               positions: torch.Tensor, cum_query_lens: torch.Tensor, seq_lens: torch.Tensor,
+               block_table: torch.Tensor, max_pool_seq_len: int, index_kpool: int, score_mode: str,
+               row_start: int, num_rows: int, keys: torch.Tensor, launch_options=None) -> torch.Tensor:
+    """Selection keys of every pool for the batch rows ``row_start .. row_start + num_rows - 1``
+    (kpool-algorithm.md §4.1-§4.4; see the module docstring for the math and the key layout).
+
+    Only live rows (``t < cum_query_lens[R - 1]``, read on the device) are written; rows of
+    decode-sized requests by the decode kernel, the others by the prefill kernel (two launches,
+    each skipping the other's rows). q, weights, the cache and the block table are read through
+    their strides; positions, cum_query_lens and seq_lens are made contiguous first.
+
+    Args:
+        q: bf16 ``[T, H, D]`` queries (any strides).
+        weights: fp32 or bf16 ``[T, H]`` head weights (upcast to fp32).
+        compressed_cache: bf16 ``[N, B, 1, D]`` pooled keys (page stride may be padded).
+        positions: int64 ``[T]`` absolute positions (contiguous per request).
+        cum_query_lens: int32 ``[R]`` exclusive query ends (no leading zero), ``R >= 1``.
+        seq_lens: int32 ``[R]`` complete pools per request (not raw token lengths).
+        block_table: int32 ``[R, M]`` logical -> physical compressed page (any strides).
+        max_pool_seq_len: key-row length (host int, ``<= M * B``).
+        index_kpool: ``P`` tokens per pool.
+        score_mode: ``"relu"`` (per-head ReLU, §4.2 (R)) or ``"merged"`` (§4.2 (M)).
+        row_start, num_rows: the chunk of batch rows (``row_start + num_rows <= T``).
+        keys: int64 ``[>= num_rows, >= max_pool_seq_len]`` scratch with unit column stride; row
+            ``i`` receives batch row ``row_start + i`` when that row is live.
+        launch_options: Triton launch kwargs; default from ``kpool.ops.plan``.
+
+    Returns:
+        ``keys[:num_rows, :max_pool_seq_len]`` (the same storage).
+
+    Raises:
+        KPoolDtypeError: q not bf16, weights not fp32/bf16, cache not bf16, keys not int64.
+        KPoolShapeError: mismatched shapes, a too-small ``keys`` or one without unit column
+            stride, rows outside ``q``.
+        KPoolConfigError: an unknown ``score_mode``.
+    """
+    _check(q, weights, compressed_cache, block_table, score_mode, keys, num_rows, max_pool_seq_len)
+    result = keys[:num_rows, :max_pool_seq_len]
+    R = int(cum_query_lens.shape[0])
+    if num_rows <= 0 or max_pool_seq_len <= 0 or R == 0:
+        return result
+    T, H, D = q.shape
+    if row_start < 0 or row_start + num_rows > T:
+        raise KPoolShapeError(f"rows [{row_start}, {row_start + num_rows}) outside q's {T} rows")
+    N, B = compressed_cache.shape[0], compressed_cache.shape[1]
+    positions, cum_query_lens, seq_lens = positions.contiguous(), cum_query_lens.contiguous(), seq_lens.contiguous()
+    if score_mode == "merged":
+        q, weights, qbar, nonfinite = merged_heads(q, weights, row_start, num_rows, launch_options)
+        H = 3
+    else:   # unused placeholders of the merged-mode fallback
+        qbar, nonfinite = keys, cum_query_lens
+    w_bf16 = weights.dtype == torch.bfloat16
+    w_arg = weights.view(torch.int16) if w_bf16 else weights
+    span = 1 + sum((s - 1) * st for s, st in zip(compressed_cache.shape, compressed_cache.stride()))
+    decode = launch_plan.score_decode_plan(R, max_pool_seq_len, H, D, q.device, launch_options)
+    prefill = launch_plan.score_prefill_plan(num_rows, R, T, max_pool_seq_len, D, q.device, launch_options)
+    # The interpreter gets int16 views (its dots run in fp32 from the bits); compiled backends
+    # the bf16 tensors themselves (tensor-core operands straight from memory).
+    as_bits = decode.constexprs["DOT_F32"]
+    q_arg, cache_arg = (q.view(torch.int16), compressed_cache.view(torch.int16)) if as_bits else (q, compressed_cache)
+    q_base, q_off, (sq_t, sq_h), vq = launch_plan.vector_view(q_arg, (q.stride(0), q.stride(1)), 8)
+    c_base, c_off, (sc_n, sc_b), vc = launch_plan.vector_view(
+        cache_arg, (compressed_cache.stride(0), compressed_cache.stride(1)), 8)
+    common = dict(H=H, D=D, P=int(index_kpool), MODE=SCORE_MODES[score_mode], W_BF16=w_bf16,
+                  WIDE=span >= 2 ** 31, VQ=vq, VC=vc)
+    args = (q_base, q_off, sq_t, sq_h, q.stride(2), w_arg, weights.stride(0), weights.stride(1),
+            c_base, c_off, sc_n, sc_b, compressed_cache.stride(3), N, B, positions, cum_query_lens, seq_lens, R,
+            block_table, block_table.stride(0), block_table.stride(1), block_table.shape[1],
+            keys, keys.stride(0), row_start, num_rows, max_pool_seq_len, qbar, qbar.stride(0), nonfinite)
+    _score_decode_kernel[(decode.grid,)](*args, launch_plan.decode_segments(decode, R, max_pool_seq_len), **common,
+                                         **decode.constexprs, **decode.options)
+    steps = R.bit_length()
+    block_ends = torch.empty(R + 2, dtype=torch.int32, device=q.device)
+    _prefill_blocks_kernel[(1,)](cum_query_lens, block_ends, R, steps, row_start, num_rows,
+                                 BLOCK_M=prefill.constexprs["BLOCK_M"], DECODE_ROWS=launch_plan.DECODE_ROWS,
+                                 BLOCK_R=128, **_plain_options(prefill.options))
+    _score_prefill_kernel[(prefill.grid,)](*args, block_ends, steps, **common, **prefill.constexprs,
+                                           **prefill.options)
+    return result
+
+
+def score_pools(*, out: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Sanitized fp32 scores (``-0.0`` as ``+0.0``) of the rows of :func:`score_keys` (same
+    arguments, with ``out`` fp32 ``[>= num_rows, >= max_pool_seq_len]`` instead of ``keys``):
+    the scores the selection ranks, decoded from the keys; rows that are not live come out LOWEST.
+
+    Raises:
+        As :func:`score_keys`; KPoolDtypeError / KPoolShapeError for a bad ``out``.
+    """
+    from .topk import key_scores
+    n, width = int(kwargs["num_rows"]), int(kwargs["max_pool_seq_len"])
+    if out.dtype != torch.float32:
+        raise KPoolDtypeError(f"score scratch must be float32, got {out.dtype}")
+    if out.dim() != 2 or out.shape[0] < n or out.shape[1] < width:
+        raise KPoolShapeError(f"score scratch {tuple(out.shape)} cannot hold [{n}, {width}]")
+    keys = torch.full((n, width), KEY_LOWEST << 32, dtype=torch.int64, device=out.device)
+    score_keys(keys=keys, **kwargs)
+    result = out[:n, :width]
+    result.copy_(key_scores(keys))
+    return result

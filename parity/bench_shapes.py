@@ -1,0 +1,219 @@
+"""Benchmark shapes of ``make bench`` and the eager PyTorch implementation they are compared with
+(issue 10 point 7; kpool-algorithm.md §4-§5).
+
+A :class:`BenchCase` is one forward of ``kpool.indexer.forward`` on synthetic caches and inputs
+(random keys, page tables as a serving engine lays them out), with the minimal bytes it must move
+and the FLOPs it must do. :func:`eager_forward` is what a user would write in plain PyTorch
+instead: gather each request's pooled keys, bf16 ``einsum`` per head, ReLU, head weights and sum,
+causal mask, ``torch.topk``, expansion with the causal tail; and for the cache update a
+softmax-pooled window per completed pool (pool-aligned chunks only) and the ring copy. It lives
+here, not in ``reference/``: it is a speed baseline, not a numerics oracle (bf16 scores).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from kpool.config import GLM53_FLASH, KPoolConfig
+
+PAGE_SIZE = 64
+"""Pools per compressed page of the benchmark caches (a serving engine's block of 256 tokens)."""
+
+
+@dataclass
+class BenchCase:
+    """One benchmarked forward.
+
+    Attributes:
+        name, description: table row label and what it stands for.
+        config: the layer's hyper-parameters.
+        kwargs: complete keyword arguments of ``kpool.indexer.forward`` (``validate`` excluded).
+        caches: ``(compressed_cache, tail_cache)`` to restore between timed runs (not needed: a
+            forward rewrites the same slots with the same values).
+        bytes: minimal DRAM traffic (each request's pooled keys once, q, weights, k/gate, caches
+            written, output): :func:`cost`.
+        flops: ``2 * H * D`` per scored (row, visible pool), or the pooling's 6 per element.
+        queries: ``(qlen, context)`` per request, for the eager implementation.
+    """
+
+    name: str
+    description: str
+    config: KPoolConfig
+    kwargs: dict
+    bytes: float
+    flops: float
+    queries: List[Tuple[int, int]] = field(default_factory=list)
+
+
+def _pools_per_row(queries, P) -> List[int]:
+    out = []
+    for qlen, context in queries:
+        for i in range(qlen):
+            out.append((context - qlen + i + 1) // P)
+    return out
+
+
+def build_case(name: str, description: str, queries: List[Tuple[int, int]], device, *,
+               config: KPoolConfig = GLM53_FLASH, compute_topk: bool = True, seed: int = 0) -> BenchCase:
+    """A batch of requests ``(query_len, context_len)`` (context includes this step's rows), with
+    contiguous page tables in a shuffled page pool, N(0, 1) keys and queries, weights / 64."""
+    from kpool.cache import allocate_caches
+    from kpool.metadata import BatchSpec, RequestSpec, build_metadata
+    gen = torch.Generator().manual_seed(seed)
+    H, D, P = config.index_n_heads, config.index_head_dim, config.index_kpool
+    pages = [-(-(context // P) // PAGE_SIZE) for _, context in queries]
+    order = torch.randperm(sum(pages) + 1, generator=gen).tolist()
+    specs, k = [], 0
+    for i, ((qlen, context), n) in enumerate(zip(queries, pages)):
+        specs.append(RequestSpec(context - qlen, qlen, order[k:k + n] or [order[-1]], i))
+        k += n
+    meta = build_metadata(BatchSpec(specs), index_kpool=P, ring_capacity=config.ring_capacity,
+                          page_size=PAGE_SIZE, device=device)
+    caches = allocate_caches(config, num_pages=sum(pages) + 1, page_size=PAGE_SIZE, num_tail_blocks=len(queries),
+                             device=device)
+    on_device = torch.Generator(device=device).manual_seed(seed)       # the big tensors are drawn there
+    caches.compressed_cache.copy_(torch.randn(caches.compressed_cache.shape, generator=on_device, device=device))
+    caches.tail_cache.copy_(torch.randn(caches.tail_cache.shape, generator=on_device, device=device))
+    T = meta.num_tokens
+    kwargs = dict(k=torch.randn(T, D, generator=gen).to(device), gate=torch.randn(T, D, generator=gen).to(device),
+                  q=torch.randn(T, H, D, generator=gen).bfloat16().to(device),
+                  weights=(torch.randn(T, H, generator=gen) / 64).to(device),
+                  ape=torch.randn(P, D, generator=gen).to(device),
+                  compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
+                  index_topk=config.index_topk, index_kpool=P, score_mode=config.score_mode,
+                  pack_tail=config.pack_tail, compute_topk=compute_topk, **meta.forward_kwargs())
+    nbytes, flops = cost(queries, config, compute_topk)
+    return BenchCase(name, description, config, kwargs, nbytes, flops, list(queries))
+
+
+def cost(queries: List[Tuple[int, int]], config: KPoolConfig, compute_topk: bool = True) -> Tuple[float, float]:
+    """``(bytes, flops)`` of one forward: the minimal DRAM traffic (each request's pooled keys read
+    once, k/gate read, completed pools and ring rows written, q/weights read and the index rows
+    written) and ``2 H D`` FLOPs per scored (row, visible pool) (6 per element for a cache-only
+    update)."""
+    H, D, P = config.index_n_heads, config.index_head_dim, config.index_kpool
+    T = sum(q for q, _ in queries)
+    completed = sum(context // P - (context - qlen) // P for qlen, context in queries)
+    cache_bytes = D * 2 * sum(context // P for _, context in queries) if compute_topk else 0
+    io_bytes = T * D * 4 * 2 + completed * D * 2 + min(T, len(queries) * config.ring_capacity) * D * 8
+    topk_bytes = T * (H * D * 2 + H * 4 + config.output_width * 4) if compute_topk else 0
+    flops = 2.0 * H * D * sum(_pools_per_row(queries, P)) if compute_topk else 6.0 * T * D
+    return float(cache_bytes + io_bytes + topk_bytes), flops
+
+
+def standard_cases(device, *, small: bool = False) -> List[Callable[[], BenchCase]]:
+    """The benchmark shapes (lazily built: each is big on the GLM geometry). ``small``: tiny
+    shapes for the CPU interpreter (H=4, D=32, contexts of a few hundred tokens)."""
+    if small:
+        cfg = KPoolConfig(index_n_heads=4, index_head_dim=32, index_kpool=4, index_topk=64, num_speculative_tokens=3)
+        ctx, rows, big = 512, 64, 256
+        return [
+            lambda: build_case("decode", f"decode, 8 requests x {ctx} context", [(1, ctx)] * 8, device, config=cfg),
+            lambda: build_case("decode-batch-1", f"decode, 1 request x {ctx} context", [(1, ctx)], device, config=cfg),
+            lambda: build_case("mtp3-verify", f"MTP=3 verify, 8 requests x 4 rows x {ctx}", [(4, ctx)] * 8, device,
+                               config=cfg),
+            lambda: build_case("prefill", f"prefill, {rows} rows over a {ctx} context", [(rows, ctx)], device, config=cfg),
+            lambda: build_case("mixed", f"mixed: {rows}-row chunk + 8 decodes", [(rows, ctx)] + [(1, ctx)] * 8, device,
+                               config=cfg),
+            lambda: build_case("compress", f"compress + ring, {big}-token prefill", [(big, big)], device, config=cfg,
+                               compute_topk=False),
+        ]
+    cfg = GLM53_FLASH.with_(num_speculative_tokens=3)
+    k64 = 65536
+    return [
+        lambda: build_case("decode", "decode forward, 64 requests x 64k context (16384 pools each)",
+                           [(1, k64)] * 64, device, config=cfg),
+        lambda: build_case("decode-batch-1", "decode forward, 1 request x 64k context", [(1, k64)], device, config=cfg),
+        lambda: build_case("mtp3-verify", "MTP=3 verify, 64 requests x 4 rows x 64k context", [(4, k64)] * 64, device,
+                           config=cfg),
+        lambda: build_case("prefill", "prefill forward, 16384 rows over a 64k context", [(16384, k64)], device,
+                           config=cfg),
+        lambda: build_case("mixed", "mixed: a 4096-row prefill chunk over 32k + 63 decodes x 64k",
+                           [(4096, 32768)] + [(1, k64)] * 63, device, config=cfg),
+        lambda: build_case("compress", "compress + ring write, 64k-token prefill", [(k64, k64)], device, config=cfg,
+                           compute_topk=False),
+    ]
+
+
+# ------------------------------------------------------------------------------------ eager
+
+def eager_chunk(q, weights, keys, positions, *, index_kpool: int, index_topk: int, score_mode: str = "relu"):
+    """``[G, c, W]`` int32 token ids of ``c`` rows of ``G`` requests of one shape.
+
+    ``q`` bf16 ``[G, c, H, D]``, ``weights`` ``[G, c, H]``, ``keys`` bf16 ``[G, n, D]`` (the
+    requests' pooled keys), ``positions`` ``[G, c]``: bf16 einsum per head (fp32 out), ReLU, head
+    weights and sum, causal mask, ``torch.topk``, expansion with the packed causal tail."""
+    P = index_kpool
+    logits = torch.einsum("gthd,gnd->gthn", q, keys).float()
+    if score_mode == "relu":
+        logits = logits.relu()
+    scores = (logits * weights.float()[..., None]).sum(2)                      # [G, c, n]
+    n = keys.shape[1]
+    visible = (positions + 1) // P
+    scores = scores.masked_fill(torch.arange(n, device=q.device) >= visible[..., None], float("-inf"))
+    top = torch.topk(scores, min(index_topk // P, n), dim=2)
+    lanes = torch.arange(P, device=q.device)
+    tokens = torch.where((top.values > float("-inf"))[..., None], top.indices[..., None] * P + lanes, -1)
+    tokens = tokens.flatten(2)
+    W = index_topk + P - 1
+    out = torch.nn.functional.pad(tokens, (0, W - tokens.shape[2]), value=-1)
+    tail_start = (positions + 1) // P * P
+    lane = torch.arange(W, device=q.device) - torch.clamp(tail_start, max=index_topk)[..., None]
+    tail = (lane >= 0) & (lane < P - 1)
+    tail_val = torch.where(lane < (positions + 1 - tail_start)[..., None], tail_start[..., None] + lane, -1)
+    return torch.where(tail, tail_val, out).to(torch.int32)
+
+
+def eager_forward(case: BenchCase, *, row_chunk: int = 256, chunk_fn=None) -> Optional[torch.Tensor]:
+    """The eager PyTorch forward of ``case``: the cache update, then for each group of requests of
+    one shape their pooled keys gathered through the page table and :func:`eager_chunk` (or
+    ``chunk_fn``, e.g. its ``torch.compile``) on ``row_chunk`` rows at a time. Returns ``[T, W]``
+    int32, or None for a cache-only case."""
+    kw, cfg = case.kwargs, case.config
+    P = cfg.index_kpool
+    eager_cache_update(case)
+    if not kw["compute_topk"]:
+        return None
+    chunk_fn = chunk_fn or eager_chunk
+    cache, bt = kw["compressed_cache"], kw["block_table"]
+    N, B, _, D = cache.shape
+    out = torch.empty((kw["q"].shape[0], cfg.output_width), dtype=torch.int32, device=cache.device)
+    starts, groups = [], {}
+    for r, (qlen, context) in enumerate(case.queries):
+        starts.append(sum(q for q, _ in case.queries[:r]))
+        groups.setdefault((qlen, context), []).append(r)
+    for (qlen, context), reqs in groups.items():
+        pools = context // P
+        rows = torch.tensor([[starts[r] + i for i in range(qlen)] for r in reqs], device=cache.device)
+        keys = cache[bt[reqs, :-(-pools // B)].long()].reshape(len(reqs), -1, D)[:, :pools]
+        for s in range(0, qlen, row_chunk):
+            idx = rows[:, s:s + row_chunk]
+            out[idx] = chunk_fn(kw["q"][idx], kw["weights"][idx], keys, kw["positions"][idx], index_kpool=P,
+                                index_topk=cfg.index_topk, score_mode=cfg.score_mode)
+    return out
+
+
+def eager_cache_update(case: BenchCase) -> None:
+    """Pool compression (softmax over each completed pool's window, pool-aligned chunks: the
+    window lies in this call's rows) and the ring copy of each request's last C rows, in place."""
+    kw, cfg = case.kwargs, case.config
+    P, C = cfg.index_kpool, cfg.ring_capacity
+    D = kw["k"].shape[1]
+    B = kw["compressed_cache"].shape[1]
+    start = 0
+    for qlen, context in case.queries:
+        if (context - qlen) % P == 0 and qlen >= P:
+            n = qlen // P
+            g = kw["gate"][start:start + n * P].view(n, P, D) + kw["ape"]
+            k = kw["k"][start:start + n * P].view(n, P, D)
+            pooled = (torch.softmax(g, dim=1) * k).sum(1).to(torch.bfloat16)
+            slots = kw["slot_mapping"][start + P - 1:start + n * P:P]
+            keep = slots >= 0
+            kw["compressed_cache"][slots[keep] // B, slots[keep] % B, 0] = pooled[keep]
+        last = slice(max(start, start + qlen - C), start + qlen)
+        tslots = kw["tail_slot_mapping"][last]
+        kw["tail_cache"][tslots // C, 0, tslots % C] = kw["k"][last]
+        kw["tail_cache"][tslots // C, 1, tslots % C] = kw["gate"][last]
+        start += qlen
