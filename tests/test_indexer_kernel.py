@@ -3,7 +3,7 @@
 
 Scores are ``tl.dot`` accumulations, so they equal the reference bit for bit on exact data (every
 partial sum exact: small integers and dyadic fractions) and lie within the certified fp32
-accumulation bound ``gamma_n * sum |w q c|`` (parity-contract.md §3.2, ``n = D + H + 1``) of the
+accumulation bound of the tie certificate (parity-contract.md §3.2, docs/certificates.md §2) of the
 exact float64 score on random data. Kernel against kernel (tiles, grids, chunks, the decode or
 prefill tiling) everything is bitwise. Selection and expansion are exact everywhere.
 
@@ -26,7 +26,7 @@ from kpool.config import KPoolConfig  # noqa: E402
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata  # noqa: E402
 from kpool.ops import indexer as ix  # noqa: E402
 from kpool.ops import plan  # noqa: E402
-from parity.certificates import gamma, score_terms  # noqa: E402
+from parity.certificates import score_bounds  # noqa: E402
 from reference import numerics as rn  # noqa: E402
 
 LOWEST = rn.LOWEST
@@ -35,6 +35,16 @@ P, B, D, K_TOK = 4, 3, 16, 8
 NAN_BF16 = 0x7FC1  # a NaN payload laid over page padding and guards: a wrong stride reads it
 # Also run by `make test-ascend-interp` (triton-ascend 3.2's interpreter).
 pytestmark = pytest.mark.interpreter_ok
+
+
+def certified_bounds(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, mode: str) -> torch.Tensor:
+    """float64 ``[T, N]`` any-order fp32 bounds of the tie certificate (docs/certificates.md §2,
+    :func:`parity.certificates.score_bounds`) of rows ``q [T, H, D]``, ``w [T, H]`` against their
+    keys ``[T, N, D]`` (float64 tensors of bf16 / fp32 values)."""
+    if q.shape[0] == 0:
+        return torch.zeros(0, keys.shape[1], dtype=torch.float64)
+    return torch.stack([torch.from_numpy(score_bounds(q[t].numpy(), w[t].numpy(), keys[t].numpy(), mode).bounds)
+                        for t in range(q.shape[0])])
 
 
 def bits(x: torch.Tensor) -> torch.Tensor:
@@ -174,8 +184,7 @@ class Batch:
         dots = torch.einsum("tnd,thd->tnh", c, q)
         terms = dots.clamp_min(0) if mode == "relu" else dots
         score = torch.einsum("tnh,th->tn", terms, w)
-        mag = torch.einsum("tnd,thd,th->tn", c.abs(), q.abs(), w.abs())
-        return score, gamma(score_terms(self.H, self.D)) * mag, visible
+        return score, certified_bounds(q, w, c, mode), visible
 
 
 # --------------------------------------------------------------------------- score_keys
@@ -356,7 +365,7 @@ def test_glm_shaped_scores():
                 cd, qd, wd = c.double(), q.double(), w.double()
                 dots = torch.einsum("nd,thd->tnh", cd, qd)
                 exact = torch.einsum("tnh,th->tn", dots.clamp_min(0) if mode == "relu" else dots, wd)
-                bound = gamma(score_terms(H, Dg)) * torch.einsum("nd,thd,th->tn", cd.abs(), qd.abs(), wd.abs())
+                bound = certified_bounds(qd, wd, cd.expand(qd.shape[0], -1, -1), mode)
                 vis = j[None, :] < visible[:, None]
                 assert ((got.double() - exact).abs()[vis] <= bound[vis]).all()
 
