@@ -17,8 +17,10 @@ its bound of ``S*`` (docs/hf-oracle.md §3):
   ``M = sum_h |w_h| sum_d |q_hd c_h,d|``: fp32 x bf16 products round (``u``), and the scale
   constants ``fl(w sqrt(HD))``, ``fl(H^-0.5)``, ``fl(D^-0.5)`` and their two products add ``5 u``.
 
-Pooled keys: our bf16 value against one RNE rounding of ``c*``; a difference is certified only by
-the rounding-boundary certificate (:func:`parity.certificates.certify_rounding_boundaries`).
+Pooled keys: our bf16 value against one RNE rounding of ``c*``; a difference passes through the
+rounding-boundary certificate (:func:`parity.certificates.certify_rounding_boundaries`: adjacent,
+``c*`` within the bound of the midpoint) or, for a value with heavy cancellation, when its bf16
+rounding cell lies within the same bound of ``c*`` (``cancellation``).
 """
 from __future__ import annotations
 
@@ -34,8 +36,10 @@ from .certificates import (PoolWindow, RoundingContext, U_FAITHFUL, certify_roun
 
 ROW_CLASSES = ("agree", "exact-tie", "near-tie", "non-finite", "real")
 """Classes of a compared index row (module docstring); only ``real`` is a failure."""
-POOL_CLASSES = ("exact", "rounding-boundary", "non-finite", "real")
-"""Classes of a compared pooled-key element; only ``real`` is a failure."""
+POOL_CLASSES = ("exact", "rounding-boundary", "cancellation", "non-finite", "real")
+"""Classes of a compared pooled-key element; only ``real`` is a failure. ``cancellation``: not
+adjacent to ``bf16(c*)``, but its bf16 rounding cell is within the term-scaled fp32 bound of ``c*``
+(``|c*|`` far below ``sum_j |a_j K_j|``, docs/hf-oracle.md §3.4)."""
 HF_SCALE_ULPS = 7
 """``u`` multiples on ``M`` in HF's bound: 1 for the rounded products, 5 for the scale constants
 and their products, 1 of slack (docs/hf-oracle.md §3.2)."""
@@ -86,7 +90,7 @@ class RequestView:
         ours_keys: float64 ``[v, D]`` our pooled keys of the visible pools (kernel cache).
         exact_keys: float64 ``[n_pools, D]`` ``c*``; hf_keys: float64 ``[n_pools, D]`` HF's.
         hf_scores: float64 ``[n, n_pools]`` what HF's topk ranked (invisible = fp32 lowest).
-        finite_tokens: bool ``[S]`` tokens whose k and gate are finite.
+        finite_tokens: bool ``[S]`` tokens whose HF inputs are finite (:class:`parity.hf_oracle.HFCall`).
         finite_ape: the APE is finite.
     """
 
@@ -119,7 +123,7 @@ def _nonfinite_reason(view: RequestView, i: int, position: int) -> str:
         return "the row's q or head weights are not finite"
     seen = view.finite_tokens[:position + 1]
     if not seen.all():
-        return f"token {int(np.flatnonzero(~seen)[0])} of the row's history has a non-finite k or gate"
+        return f"token {int(np.flatnonzero(~seen)[0])} of the row's history has a non-finite k, gate or weight"
     if tail_start and not view.finite_ape:
         return "the APE is not finite"
     return ""
@@ -268,8 +272,29 @@ def classify_pools(ours_bits: torch.Tensor, k_windows: torch.Tensor, gate_window
         cert, why = certify_rounding_boundaries(mine[:, None, None, :], theirs[:, None, None, :],
                                                 differing[:, None, None, :], ctx)
         out["rounding-boundary"] = int(cert.sum())
-        out["real"] = int(differing.sum()) - out["rounding-boundary"]
+        left = differing & ~cert[:, 0, 0, :]
+        if left.any():
+            near = _cell_within_bound(mine, kw[idx].numpy(), gw[idx].numpy(), ape.to(torch.float32).numpy(),
+                                      budget_ulps) & left
+            out["cancellation"] = int(near.sum())
+            left &= ~near
+        out["real"] = int(left.sum())
         if out["real"]:
-            i = int((differing & ~cert[:, 0, 0, :]).any(1).nonzero()[0])
+            i = int(left.any(1).nonzero()[0])
             out["detail"] = f"pool #{i} of the step: {why}"
     return out
+
+
+def _cell_within_bound(bits: torch.Tensor, k_windows, gate_windows, ape, budget_ulps: float) -> torch.Tensor:
+    """bool ``[n, D]``: the bf16 rounding cell of each value (``bits``) meets ``[c* - B, c* + B]``,
+    ``B`` the term-scaled bound of :func:`parity.certificates.pooled_value_and_bound_f64`."""
+    from .certificates import bf16_bits_to_f64
+    y, bound, _ = pooled_value_and_bound_f64(k_windows, gate_windows, ape, budget_ulps=budget_ulps)
+    v = bf16_bits_to_f64(bits)
+    b = bits.to(torch.int32) & 0xFFFF
+    up = bf16_bits_to_f64((b + 1).to(torch.int16))        # the magnitude neighbours (same sign)
+    down = bf16_bits_to_f64(torch.where((b & 0x7FFF) > 0, b - 1, b).to(torch.int16))
+    lo, hi = np.minimum(up, down), np.maximum(up, down)
+    cell_lo, cell_hi = (v + np.minimum(lo, v)) / 2, (v + np.maximum(hi, v)) / 2
+    ok = np.isfinite(bound) & np.isfinite(v) & (cell_lo <= y + bound) & (cell_hi >= y - bound)
+    return torch.from_numpy(ok)

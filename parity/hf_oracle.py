@@ -69,11 +69,15 @@ class HFCall:
         scores: fp32 ``[n, n_pools]`` what HF's ``topk`` ranked: its pool scores with invisible
             pools at ``finfo(float32).min``.
         pool_keys: fp32 ``[n_pools, D]`` HF's pooled keys (``n_pools = S // P``).
+        finite_tokens: bool ``[S]`` tokens whose whole hidden row is finite (a non-finite value
+            anywhere in the row reaches all of HF's k, gate and w of that token through the
+            selector matmuls: ``0 * inf`` is NaN).
     """
 
     indices: torch.Tensor
     scores: torch.Tensor
     pool_keys: torch.Tensor
+    finite_tokens: torch.Tensor
 
 
 class _TopkCapture(torch.overrides.TorchFunctionMode):
@@ -203,21 +207,21 @@ class HFIndexer:
                          attention_mask=torch.ones(1, n, dtype=torch.bool), cache=cache)
         finally:
             del ix.get_pooled_states
-        self._check_recipe(cache, k, gate, w_rows, weights)
+        finite = torch.isfinite(hidden).all(1)
+        self._check_recipe(cache, k, gate, w_rows, weights, finite)
         n_pools = S // self.P
         scores = topk.inputs[0][0] if topk.inputs else torch.zeros(n, 0)
         keys = captured.get("pool_keys", torch.zeros(1, 0, self.D))[0]
         if scores.shape != (n, n_pools) or keys.shape != (n_pools, self.D):
             raise HFRecipeError(f"HF ranked {tuple(scores.shape)} scores over {tuple(keys.shape)} pooled keys; "
                                 f"expected [{n}, {n_pools}] over [{n_pools}, {self.D}]")
-        return HFCall(indices=out[0].to(torch.int32), scores=scores, pool_keys=keys)
+        return HFCall(indices=out[0].to(torch.int32), scores=scores, pool_keys=keys, finite_tokens=finite)
 
-    def _check_recipe(self, cache, k, gate, w_rows, weights) -> None:
+    def _check_recipe(self, cache, k, gate, w_rows, weights, finite) -> None:
         """Raise :class:`HFRecipeError` unless HF cached our ``k`` and ``gate`` and its
-        ``weights_proj`` returns ``w'`` bit for bit on every finite token."""
+        ``weights_proj`` returns ``w'`` bit for bit on every token whose hidden row is finite."""
         packed = cache.layers[0].indexer_keys[0]                     # [S, 2D + 1]
         D = self.D
-        finite = torch.isfinite(torch.cat([k, gate], 1)).all(1)
         for name, ours, theirs in (("k", k, packed[:, :D]), ("gate", gate, packed[:, D:2 * D])):
             bad = (ours.to(torch.float32) != theirs) & finite[:, None]
             if bad.any():

@@ -182,7 +182,7 @@ class HFObserver:
         view = RequestView(index_kpool=P, q=q.to(torch.float64).numpy(), w=w.to(torch.float64).numpy(),
                            ours_keys=_gather_pools(cache, block_row, n_pools, B),
                            exact_keys=exact, hf_keys=hf_keys, hf_scores=call.scores.to(torch.float64).numpy(),
-                           finite_tokens=(torch.isfinite(hk).all(1) & torch.isfinite(hg).all(1)).numpy(),
+                           finite_tokens=call.finite_tokens.numpy(),
                            finite_ape=bool(torch.isfinite(ape).all()))
         return view, call, problem
 
@@ -213,8 +213,8 @@ class HFObserver:
         summary = ", ".join(f"{got[c]} {c}" for c in POOL_CLASSES if got[c])
         if got["real"]:
             return cmp.finding("hf:pooled", "cache-mismatch", got["real"], detail=f"{got['detail']} ({summary})")
-        if got["rounding-boundary"]:
-            return cmp.finding("hf:pooled", "rounding-boundary", got["rounding-boundary"],
+        if got["rounding-boundary"] or got["cancellation"]:
+            return cmp.finding("hf:pooled", "rounding-boundary", got["rounding-boundary"] + got["cancellation"],
                                detail=f"pooled keys vs bf16(c*): {summary}")
         return cmp.finding("hf:pooled", "exact", detail=f"{len(order)} pools vs bf16(c*): {summary}")
 

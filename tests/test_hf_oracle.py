@@ -101,6 +101,12 @@ def test_pooled_key_classes():
     off = torch.tensor([[1.0, 1.0 + 2 ** -7]]).bfloat16().view(torch.int16)  # channel 1 is exactly 1
     got = classify_pools(off, k, gate, ape, 32)
     assert got["real"] == 1 and got["detail"]
+    # heavy cancellation: c* = 2^-22 from terms of magnitude 3/4; fp32 may miss it by ~1e-6
+    k = torch.tensor([1.0, -1.0, 0.5, -0.5 + 2 ** -20]).reshape(1, P, 1).expand(1, P, D).contiguous()
+    for value, cls in ((2 ** -22, "exact"), (2 ** -21, "cancellation"), (-(2 ** -21), "cancellation"),
+                       (2 ** -10, "real")):
+        bits = torch.full((1, D), value).bfloat16().view(torch.int16)
+        assert classify_pools(bits, k, gate, ape, 32)[cls] == D, (value, cls)
 
 
 # ---- the HF driver ------------------------------------------------------------------------
@@ -166,6 +172,34 @@ def test_no_tail_mode_agrees_with_hf_and_a_tail_left_in_is_real():
     obs = HFObserver(dataclasses.replace(nt, config=nt.config.with_(always_select_tail=True)))
     run_case(nt, device="cpu", kernel_forward=reference_forward, step_observer=obs)
     assert obs.table()["real"].sum() > 0
+
+
+@needs_hf
+def test_non_finite_inputs_are_a_semantic_difference_never_a_crash():
+    """HF does not sanitize NaN/inf scores (kpool-algorithm.md §4.3, §10), and a non-finite hidden
+    value reaches all of a token's HF inputs through the selector matmuls: such rows are counted
+    as non-finite, the rest still compared."""
+    import dataclasses
+
+    from cases.scenarios import decode_tail
+    from cases.values import make_inputs
+
+    def poisoned(c, step, meta):
+        d = make_inputs(c, dataclasses.replace(step, inputs=None), meta)
+        T = d["k"].shape[0]
+        if T > 6:
+            d["k"][5, 3] = float("nan")
+            d["gate"][2, 1] = float("inf")
+            d["q"][T - 1, 0, 0] = float("inf")
+            d["weights"][T - 2, 1] = float("nan")
+        return d
+    case = decode_tail("small")
+    case = dataclasses.replace(case, steps=[dataclasses.replace(s, inputs=poisoned) for s in case.steps])
+    with np.errstate(invalid="ignore"):
+        res, table = _run_with_hf(case)
+    assert res.ok, res.failures
+    assert table["non-finite"].sum() > 0 and table["pooled non-finite"].sum() > 0 and table["agree"].sum() > 0
+    assert table["real"].sum() == 0 and not table["note"].str.contains("failed").any()
 
 
 @needs_hf
