@@ -129,18 +129,44 @@ def _nonfinite_reason(view: RequestView, i: int, position: int) -> str:
     return ""
 
 
-def _bounds(view: RequestView, i: int, pools: np.ndarray):
-    """``(S*, B_o, B_h, S_hf, problem)`` over ``pools`` for row ``i`` (module docstring)."""
+def _hf_bounds(view: RequestView, i: int, pools: np.ndarray):
+    """``(S*, B_h, unbounded)`` over ``pools`` for row ``i`` (module docstring)."""
     q, w = view.q[i], view.w[i]
     star = score_bounds(q, w, view.exact_keys[pools])
-    ours = score_bounds(q, w, view.ours_keys[pools])
     hf = score_bounds(q, w, view.hf_keys[pools])
-    if star.unbounded.any() or ours.unbounded.any() or hf.unbounded.any():
-        return None, None, None, None, "a pool's score has no finite bound (a huge or infinite key)"
     mag = (np.abs(w)[None, :, None] * np.abs(q)[None] * np.abs(view.hf_keys[pools])[:, None, :]).sum(axis=(1, 2))
-    b_o = ours.bounds + np.abs(ours.scores - star.scores)
     b_h = SECOND_ORDER * hf.bounds + HF_SCALE_ULPS * U_FAITHFUL * mag + np.abs(hf.scores - star.scores)
-    return star.scores, b_o, b_h, view.hf_scores[i, pools], ""
+    return star.scores, b_h, bool(star.unbounded.any() or hf.unbounded.any())
+
+
+def _bounds(view: RequestView, i: int, pools: np.ndarray):
+    """``(S*, B_o, B_h, S_hf, problem)`` over ``pools`` for row ``i`` (module docstring)."""
+    star, b_h, unbounded = _hf_bounds(view, i, pools)
+    ours = score_bounds(view.q[i], view.w[i], view.ours_keys[pools])
+    if unbounded or ours.unbounded.any():
+        return None, None, None, None, "a pool's score has no finite bound (a huge or infinite key)"
+    b_o = ours.bounds + np.abs(ours.scores - star)
+    return star, b_o, b_h, view.hf_scores[i, pools], ""
+
+
+def check_hf_scores(view: RequestView, i: int, position: int) -> str:
+    """``""`` if HF's fp32 score of every visible pool of row ``i`` lies within ``B_h`` of ``S*``
+    (the driver's claim that HF computes our score: scale recipe, ReLU placement, head weights),
+    else why not. Rows with non-finite inputs are not checked (HF does not sanitize)."""
+    v = (position + 1) // view.index_kpool
+    if v == 0 or _nonfinite_reason(view, i, position):
+        return ""
+    pools = np.arange(v)
+    star, b_h, unbounded = _hf_bounds(view, i, pools)
+    if unbounded:
+        return ""
+    off = np.abs(view.hf_scores[i, pools] - star) > b_h
+    if off.any():
+        j = int(np.flatnonzero(off)[0])
+        return (f"HF's fp32 score of pool {j} at position {position} is {view.hf_scores[i, j]!r}, "
+                f"{abs(view.hf_scores[i, j] - star[j]):.3g} from its exact value {star[j]!r}, beyond HF's bound "
+                f"{b_h[j]:.3g}: the driver's recipe or the bound is wrong")
+    return ""
 
 
 def classify_row(ours: Sequence[int], theirs: Sequence[int], position: int, i: int, view: RequestView) -> RowVerdict:

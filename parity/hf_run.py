@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from . import compare as cmp
-from .hf_classify import POOL_CLASSES, ROW_CLASSES, RequestView, check_hf_pooling, classify_pools, classify_row
+from .hf_classify import (POOL_CLASSES, ROW_CLASSES, RequestView, check_hf_pooling, check_hf_scores, classify_pools,
+                          classify_row)
 
 TABLE_COLUMNS = ("case", "size", "step", "step_name", "rows", *ROW_CLASSES, "pooled",
                  *(f"pooled {c}" for c in POOL_CLASSES), "hf_s", "note")
@@ -184,6 +185,8 @@ class HFObserver:
                            exact_keys=exact, hf_keys=hf_keys, hf_scores=call.scores.to(torch.float64).numpy(),
                            finite_tokens=call.finite_tokens.numpy(),
                            finite_ape=bool(torch.isfinite(ape).all()))
+        # the row that sees the most pools: every one of its HF scores must be our score's model
+        problem = problem or check_hf_scores(view, end - qs - 1, S - 1)
         return view, call, problem
 
     def _pooled(self, meta, slots, pos, cum, t_live, rids, kernel_caches, ape, budget, row) -> dict:
