@@ -89,6 +89,8 @@ class RequestView:
         q: float64 ``[n, H, D]`` the rows' queries; w: float64 ``[n, H]`` their head weights.
         ours_keys: float64 ``[v, D]`` our pooled keys of the visible pools (kernel cache).
         exact_keys: float64 ``[n_pools, D]`` ``c*``; hf_keys: float64 ``[n_pools, D]`` HF's.
+        exact_bounds: float64 ``[n_pools, D]`` the term-scaled fp32 bound ``B`` of ``c*`` for the
+            kernel backend (:func:`parity.certificates.pooled_value_and_bound_f64`; NaN: none).
         hf_scores: float64 ``[n, n_pools]`` what HF's topk ranked (invisible = fp32 lowest).
         finite_tokens: bool ``[S]`` tokens whose HF inputs are finite (:class:`parity.hf_oracle.HFCall`).
         finite_ape: the APE is finite.
@@ -103,6 +105,7 @@ class RequestView:
     hf_scores: np.ndarray
     finite_tokens: np.ndarray
     finite_ape: bool
+    exact_bounds: Optional[np.ndarray] = None
 
 
 def _pools_of(tokens: Sequence[int], P: int):
@@ -147,6 +150,19 @@ def _bounds(view: RequestView, i: int, pools: np.ndarray):
         return None, None, None, None, "a pool's score has no finite bound (a huge or infinite key)"
     b_o = ours.bounds + np.abs(ours.scores - star)
     return star, b_o, b_h, view.hf_scores[i, pools], ""
+
+
+def _illegitimate_key(view: RequestView, pools: np.ndarray) -> Optional[int]:
+    """The first of ``pools`` whose bf16 key ``c_o`` is not a legitimate rounding of ``c*``
+    (``|c_o - c*| <= B + ulp_bf16(c_o) / 2`` per channel), or ``None``. Only then is the exact
+    effect ``|S(c_o) - S*|`` in ``B_o`` a rounding and not a fault (docs/hf-oracle.md §3.1)."""
+    if view.exact_bounds is None:
+        return None
+    c_o, c_star, bound = view.ours_keys[pools], view.exact_keys[pools], view.exact_bounds[pools]
+    half_ulp = np.spacing(np.abs(c_o).astype(np.float32)).astype(np.float64) * 2.0 ** 15
+    ok = (c_o == c_star) | (np.abs(c_o - c_star) <= np.nan_to_num(bound, nan=0.0) + half_ulp)
+    bad = ~ok.all(axis=1)
+    return int(pools[np.flatnonzero(bad)[0]]) if bad.any() else None
 
 
 def check_hf_scores(view: RequestView, i: int, position: int) -> str:
@@ -215,6 +231,9 @@ def classify_row(ours: Sequence[int], theirs: Sequence[int], position: int, i: i
     pools = np.array(X + Y, dtype=np.int64)
     if pools.max() >= view.ours_keys.shape[0]:
         return RowVerdict("real", f"pool {int(pools.max())} is not in our cache's visible pools")
+    bad_key = _illegitimate_key(view, pools)
+    if bad_key is not None:
+        return RowVerdict("real", f"our key of swapped pool {bad_key} is no rounding of c* (a cache difference)")
     star, b_o, b_h, s_hf, problem = _bounds(view, i, pools)
     if problem:
         return RowVerdict("non-finite", f"semantic: {problem}")

@@ -151,7 +151,8 @@ class HFObserver:
                 if pos[qs:end] != list(range(S - n, S)):
                     row["note"] = f"request id {rid!r}: positions are not the last {n} of {S}; not compared"
                     continue
-                view, call, problem = self._request(rid, S, qs, end, inputs, cache, meta.block_table[r], B, ape)
+                view, call, problem = self._request(rid, S, qs, end, inputs, cache, meta.block_table[r], B, ape,
+                                                    budget)
                 if problem:
                     row["real"] += n
                     first_real = first_real or dict(detail=f"request id {rid!r}: {problem}", row=qs, position=pos[qs],
@@ -167,7 +168,7 @@ class HFObserver:
         findings.append(self._indices_finding(row, first_real))
         return findings
 
-    def _request(self, rid, S, qs, end, inputs, cache, block_row, B, ape):
+    def _request(self, rid, S, qs, end, inputs, cache, block_row, B, ape, budget):
         """``(RequestView, HFCall, problem)`` for one request's rows ``qs .. end-1``."""
         P, D = self.case.config.index_kpool, self.case.config.index_head_dim
         hk, hg = self.history[rid].window(0, S)
@@ -176,14 +177,15 @@ class HFObserver:
         n_pools = S // P
         kw = hk[:n_pools * P].reshape(n_pools, P, D).numpy()
         gw = hg[:n_pools * P].reshape(n_pools, P, D).numpy()
-        from .certificates import pooled_value_f64
-        exact = pooled_value_f64(kw, gw, ape.numpy()) if n_pools else np.zeros((0, D))
+        from .certificates import pooled_value_and_bound_f64
+        exact, exact_bounds = (pooled_value_and_bound_f64(kw, gw, ape.numpy(), budget_ulps=budget)[:2] if n_pools
+                               else (np.zeros((0, D)), np.zeros((0, D))))
         hf_keys = call.pool_keys.to(torch.float64).numpy()
         problem = check_hf_pooling(hf_keys, kw, gw, ape.numpy(), HF_POOLING_BUDGET_ULPS)
         view = RequestView(index_kpool=P, q=q.to(torch.float64).numpy(), w=w.to(torch.float64).numpy(),
                            ours_keys=_gather_pools(cache, block_row, n_pools, B),
                            exact_keys=exact, hf_keys=hf_keys, hf_scores=call.scores.to(torch.float64).numpy(),
-                           finite_tokens=call.finite_tokens.numpy(),
+                           finite_tokens=call.finite_tokens.numpy(), exact_bounds=exact_bounds,
                            finite_ape=bool(torch.isfinite(ape).all()))
         # the row that sees the most pools: every one of its HF scores must be our score's model
         problem = problem or check_hf_scores(view, end - qs - 1, S - 1)

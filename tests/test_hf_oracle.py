@@ -83,6 +83,15 @@ def test_row_classes():
                       ([0, 1, 2, 3, 4, 5, 6, 8, 12, 13], "lanes"), (_row([0], (12, 13)), "selects 1 pools")):
         v = classify_row(ours, _row([0, 1], (12, 13)), p, 0, tied)
         assert v.cls == "real" and why in v.detail, (ours, v)
+    # ours ranks pool 1 first because our key of pool 1 is wrong (0.625, not 0.375): consistent
+    # with our own keys, but no rounding of c*, so real and not a near tie
+    bad_key = _view([1.0, 0.375, 0.5], [1.0, 0.375, 0.5])
+    bad_key.ours_keys = np.array([[1.0], [0.625], [0.5]])
+    bad_key.exact_bounds = np.full((3, 1), 1e-6)
+    v = classify_row(_row([0, 1], (12, 13)), _row([0, 2], (12, 13)), p, 0, bad_key)
+    assert v.cls == "real" and "no rounding of c*" in v.detail
+    bad_key.exact_bounds = None                      # without the key check it would pass
+    assert classify_row(_row([0, 1], (12, 13)), _row([0, 2], (12, 13)), p, 0, bad_key).cls == "near-tie"
     nan_q = _view([1.0, 0.4, 0.5], [1.0, 0.4, 0.5], q=float("nan"))
     assert classify_row(_row([0, 1], (12, 13)), _row([0, 2], (12, 13)), p, 0, nan_q).cls == "non-finite"
 
@@ -151,7 +160,8 @@ def test_a_selection_fault_is_real_and_a_pooling_fault_is_real():
     hf = res.failures[res.failures["output"] == "hf:indices"]
     assert len(hf) and set(hf["verdict"]) == {"wrong-index"}
     res, table = _run_with_hf(prefill_topk("small"), load_mutant("ape-reversed").forward)
-    assert table["pooled real"].sum() > 0
+    # the wrong keys are real, and so are the rows they reorder (never near ties)
+    assert table["pooled real"].sum() > 0 and table["real"].sum() > 0 and table["near-tie"].sum() == 0
     assert "cache-mismatch" in set(res.failures[res.failures["output"] == "hf:pooled"]["verdict"])
 
 
