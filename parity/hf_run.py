@@ -29,9 +29,10 @@ from . import compare as cmp
 from .hf_classify import (POOL_CLASSES, ROW_CLASSES, RequestView, check_hf_pooling, check_hf_scores, classify_pools,
                           classify_row)
 
-TABLE_COLUMNS = ("case", "size", "step", "step_name", "rows", *ROW_CLASSES, "pooled",
+TABLE_COLUMNS = ("case", "size", "step", "step_name", "rows", *ROW_CLASSES, "max_tie_ratio", "pooled",
                  *(f"pooled {c}" for c in POOL_CLASSES), "hf_s", "note")
-"""Columns of :meth:`HFObserver.table`: compared rows and elements per class."""
+"""Columns of :meth:`HFObserver.table`: compared rows and elements per class; ``max_tie_ratio``
+is the largest ``|margin| / bound`` of the step's tie rows (docs/hf-oracle.md §4 step 6)."""
 HF_POOLING_BUDGET_ULPS = 32
 """fp32 budget of HF's own pooling on the CPU (torch softmax, products, a P-term sum), the
 interpreter's :data:`parity.certificates.ROUNDING_BUDGET_ULPS` entry (docs/hf-oracle.md §3.3)."""
@@ -81,7 +82,7 @@ class HFObserver:
     def __call__(self, *, case, step_index, step, meta, inputs, ape, kernel_out, kernel_caches, device) -> List[dict]:
         """Compare one step (see :func:`parity.runner.run_case` ``step_observer``); returns findings."""
         row = dict(case=case.name, size=case.size, step=step_index, step_name=step.name, rows=0, pooled=0, hf_s=0.0,
-                   note="", **{c: 0 for c in ROW_CLASSES}, **{f"pooled {c}": 0 for c in POOL_CLASSES})
+                   note="", max_tie_ratio=0.0, **{c: 0 for c in ROW_CLASSES}, **{f"pooled {c}": 0 for c in POOL_CLASSES})
         self.rows.append(row)
         if step.expect_error is not None:
             row["note"] = "bad-input step: nothing to compare"
@@ -161,6 +162,8 @@ class HFObserver:
                 for i, t in enumerate(range(qs, end)):
                     verdict = classify_row(ours[t].tolist(), call.indices[i].tolist(), pos[t], i, view)
                     row[verdict.cls] += 1
+                    if verdict.ratio is not None:
+                        row["max_tie_ratio"] = max(row["max_tie_ratio"], round(verdict.ratio, 4))
                     if verdict.cls == "real" and first_real is None:
                         first_real = dict(detail=f"request id {rid!r}: {verdict.detail}", row=t, position=pos[t],
                                           request=r)
@@ -232,7 +235,8 @@ class HFObserver:
             detail = first.pop("detail")
             return cmp.finding("hf:indices", "wrong-index", row["real"], detail=f"{detail} ({summary})", **first)
         if ties:
-            return cmp.finding("hf:indices", "tie-equivalent", ties, detail=f"rows vs HF: {summary}")
+            return cmp.finding("hf:indices", "tie-equivalent", ties,
+                               detail=f"rows vs HF: {summary}; largest margin/bound {row['max_tie_ratio']:.3g}")
         return cmp.finding("hf:indices", "exact", detail=f"rows vs HF: {summary}")
 
 
@@ -278,6 +282,7 @@ def print_hf_summary(results, console, report_dir: Optional[str] = None) -> Opti
     df = pd.concat(tables, ignore_index=True)
     cols = ["rows", *ROW_CLASSES, "pooled", *(f"pooled {c}" for c in POOL_CLASSES), "hf_s"]
     per_case = df.groupby(["case", "size"], sort=False)[cols].sum().reset_index()
+    worst = float(df["max_tie_ratio"].max()) if len(df) else 0.0
     table = Table(title="KPool vs Hugging Face (rows: index rows; pooled: bf16 elements)")
     for c in ["case", "size", *cols]:
         table.add_column(c, justify="left" if c in ("case", "size") else "right")
@@ -288,7 +293,7 @@ def print_hf_summary(results, console, report_dir: Optional[str] = None) -> Opti
     console.print(escape(f"hf: {int(total['rows'])} rows ({', '.join(f'{int(total[c])} {c}' for c in ROW_CLASSES)}); "
                          f"{int(total['pooled'])} pooled elements ("
                          + ", ".join(f"{int(total[f'pooled {c}'])} {c}" for c in POOL_CLASSES)
-                         + f"); HF time {total['hf_s']:.1f} s"))
+                         + f"); largest tie margin/bound {worst:.3g}; HF time {total['hf_s']:.1f} s"))
     for note in sorted({n for n in df["note"] if n}):
         console.print(escape(f"  hf note: {note}"))
     if not report_dir:
