@@ -284,6 +284,16 @@ SCENARIOS: Dict[str, Callable[[str], Case]] = {
 """Scenario name -> ``fn(size) -> Case``."""
 
 
+def without_tail(case: Case) -> Case:
+    """``case`` in HF's second mode, ``always_select_tail=False`` (kpool-algorithm.md §10): the
+    same steps and geometry, rows of width ``K_tok`` without the causal tail. Named
+    ``NAME-no-tail``. Not in :data:`SCENARIOS` yet: the kernels do not take the flag (the
+    runner passes it and a kernel without it fails); the reference, the oracle and HF do."""
+    import dataclasses
+    return dataclasses.replace(case, name=f"{case.name}-no-tail", config=case.config.with_(always_select_tail=False),
+                               description=f"{case.description} (always_select_tail=False)")
+
+
 def seed_cases(sizes: Sequence[str] = SIZES) -> List[Case]:
     """Every seed scenario at every requested size, in :data:`SCENARIOS` order per size.
 

@@ -37,13 +37,16 @@ class KPoolConfig:
         score_mode: ``"relu"`` (default) or ``"merged"`` (§4.2).
         pack_tail: packed causal tail (CANN SFA contract, default) or fixed at column
             ``K_tok`` (§4.5 step 2).
+        always_select_tail: append the causal tail (default, every serving implementation);
+            ``False`` is HF's ``index_kpool_always_select_tail=False`` (kpool-algorithm.md §1.1,
+            §10): no tail columns, rows of width ``K_tok`` holding the selected pools only.
 
     Integer fields accept Python and numpy integers (``operator.index``) and are stored as
     Python ints; bools, floats and strings are rejected.
 
     Raises:
         KPoolTypeError: a field of the wrong type (a float ``num_speculative_tokens``, a
-            non-bool ``pack_tail``, ``index_kpool=True``...).
+            non-bool ``pack_tail`` or ``always_select_tail``, ``index_kpool=True``...).
         KPoolConfigError: any other invalid field.
     """
 
@@ -55,12 +58,14 @@ class KPoolConfig:
     tail_ring_capacity: int | None = None
     score_mode: str = "relu"
     pack_tail: bool = True
+    always_select_tail: bool = True
 
     def __post_init__(self) -> None:
         for name in ("index_n_heads", "index_head_dim", "index_kpool", "index_topk", "num_speculative_tokens"):
             object.__setattr__(self, name, as_int(name, getattr(self, name)))
         object.__setattr__(self, "tail_ring_capacity", optional_int("tail_ring_capacity", self.tail_ring_capacity))
         as_bool("pack_tail", self.pack_tail)
+        as_bool("always_select_tail", self.always_select_tail)
         for name in ("index_n_heads", "index_head_dim", "index_kpool", "index_topk"):
             value = getattr(self, name)
             if value < 1:
@@ -93,7 +98,10 @@ class KPoolConfig:
 
     @property
     def output_width(self) -> int:
-        """``W = K_tok + P - 1``: index row width (§4.5)."""
+        """``W``: index row width (§4.5): ``K_tok + P - 1``, or ``K_tok`` without the tail
+        (``always_select_tail=False``)."""
+        if not self.always_select_tail:
+            return self.index_topk
         return self.index_topk + self.index_kpool - 1
 
     def with_(self, **changes) -> "KPoolConfig":

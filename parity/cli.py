@@ -89,6 +89,10 @@ def _add_run_arguments(run) -> None:
                           f"corpus-candidates/ here (default for bundles and candidates: ./{commands.DEFAULT_OUT})")
     run.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
     run.add_argument("--no-oracle", action="store_true", help="skip the reference-vs-oracle check")
+    run.add_argument("--oracle", default="history", choices=("history", "hf"),
+                     help="hf: also compare the kernel with Hugging Face's Glm5NextTextIndexer on the corpus and "
+                          "seed cases (needs the [hf] extra; skipped with the reason when it is missing; "
+                          "docs/hf-oracle.md); default: history (the whole-history oracle only)")
     run.add_argument("--mode", default="lockstep", choices=("lockstep", "resync"),
                      help="lockstep (default) or resync (reference gets the kernel's caches before each step)")
     run.add_argument("--all-rows", action="store_true",

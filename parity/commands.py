@@ -88,6 +88,7 @@ def run_options(args, device: str, prog: str):
     except Exception as exc:
         return f"{prog}: error: cannot load kernel {args.kernel!r}: {type(exc).__name__}: {exc}"
     return RunOptions(device=device, mode=args.mode, repeat=repeat, check_oracle=not args.no_oracle,
+                      oracle=getattr(args, "oracle", "history"),
                       kernel=args.kernel, metamorphic=relations or [], seed_offset=args.seed,
                       decode_relations=decode)
 
@@ -159,8 +160,14 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
             bundles[res.case_id] = write_failure_bundle(res, case, options, out_dir, console, env=env)
 
     t0 = time.perf_counter()
+    if options.oracle == "hf":
+        from .hf_run import hf_header
+        console.print(escape(hf_header()))
     results = run_cases(cases, options, console=console, on_case=on_case, jobs=getattr(args, "jobs", 1))
     wall = time.perf_counter() - t0
+    if options.oracle == "hf":
+        from .hf_run import print_hf_summary
+        print_hf_summary(results, console, args.report)
     df = report.results_table(results)
     summary = report.print_results(df, wall_s=wall, console=console, failures_only=args.failures_only,
                                    all_rows=getattr(args, "all_rows", False))

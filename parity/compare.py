@@ -101,10 +101,11 @@ def tail_column_mask(positions: torch.Tensor, num_rows: int, *, index_topk: int,
                      pack_tail: bool, width: int) -> torch.Tensor:
     """bool ``[num_rows, width]``: the tail columns of every row (kpool-algorithm.md §4.5 step 2):
     ``[tail_col, tail_col + P - 1)`` with ``tail_col = min(tail_start, K_tok)`` (packed) or
-    ``K_tok`` (fixed), ``tail_start = (p + 1) // P * P``. Empty when ``P == 1``."""
+    ``K_tok`` (fixed), ``tail_start = (p + 1) // P * P``. Empty when ``P == 1`` or when
+    ``width <= K_tok`` (rows without a tail: ``always_select_tail=False``)."""
     P, K = index_kpool, index_topk
     mask = torch.zeros(num_rows, width, dtype=torch.bool)
-    if P == 1:
+    if P == 1 or width <= K:
         return mask
     pos = positions.detach().cpu().to(torch.int64)[:num_rows]
     tail_start = (pos + 1) // P * P

@@ -187,7 +187,8 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
              reference_forward: Optional[Callable] = None, check_oracle: bool = True,
              mode: str = "lockstep", repeat: int = 1, certificates: Optional[bool] = None,
              on_step: Optional[Callable] = None, keep_outputs: int = KEEP_OUTPUT_STEPS,
-             stop_on_failure: bool = False, tie_policy: str = "canonical") -> CaseResult:
+             stop_on_failure: bool = False, tie_policy: str = "canonical",
+             step_observer: Optional[Callable] = None) -> CaseResult:
     """Run every step of ``case`` on the kernel and the reference and compare them.
 
     Args:
@@ -207,6 +208,10 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         certificates: allow the certified exceptions of parity-contract.md §3; ``None`` (default)
             means "unless ``case.values == "exact"``" (exact data gets no exception at all).
         on_step: optional ``fn(case, step_index, step)`` called after every step (progress bars).
+        step_observer: optional third opinion on the kernel's outputs (``--oracle hf``,
+            :mod:`parity.hf_run`): called after each step's checks as ``fn(case=, step_index=,
+            step=, meta=, inputs=, ape=, kernel_out=, kernel_caches=, device=)`` and returns
+            finding dicts added to that step's findings.
         keep_outputs: keep both sides' outputs of this many failing steps (repro bundles).
         stop_on_failure: stop after the first step with a failure finding (generated runs: a
             shrink attempt only needs its first failing step; cases.generated).
@@ -258,6 +263,11 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
     for i, step in enumerate(case.steps):
         ctx = dict(case=case.name, size=case.size, step=i, step_name=step.name)
         res = _run_step(case, step, ape, kernel, ref, run)
+        if step_observer is not None and res.meta is not None:
+            t0 = time.perf_counter()
+            res.rows += step_observer(case=case, step_index=i, step=step, meta=res.meta, inputs=res.inputs, ape=ape,
+                                      kernel_out=res.kout, kernel_caches=kernel.caches, device=dev)
+            res.times["observer"] = time.perf_counter() - t0
         frames.append(cmp.findings_frame(res.rows, **ctx))
         timings += [{**ctx, "side": side, "wall_s": s} for side, s in res.times.items()]
         steps_run += 1
@@ -297,6 +307,8 @@ class _StepResult:
     rout: object = None
     kbuf: object = None
     rbuf: object = None
+    meta: object = None        # the step's metadata and inputs (for a step observer)
+    inputs: object = None
 
     def outputs(self, step: int, kernel: _Side, ref: _Side) -> StepOutputs:
         def host(x):
@@ -343,6 +355,11 @@ def _forward_kwargs(case, step, meta, inputs, ape, caches, buf, dev, fn: Optiona
     rows = getattr(step, "max_score_rows", None)
     if fn is not None and rows is not None and accepts_keyword(fn, "max_score_rows"):
         kwargs["max_score_rows"] = int(rows)
+    # No tail (HF's second mode, kpool-algorithm.md §10): only a case that needs it passes
+    # always_select_tail=False, to both sides; every forward's default is True. A kernel forward
+    # without the keyword then fails loudly (a TypeError crash finding naming it).
+    if not cfg.always_select_tail:
+        kwargs["always_select_tail"] = False
     return kwargs
 
 
@@ -447,7 +464,7 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
         t0 = time.perf_counter()
         rows += _oracle_findings(run.oracle, case, step, meta, inputs, ape, rout, ref.caches)
         times["oracle"] = time.perf_counter() - t0
-    return _StepResult(rows, times, stop, kout, rout, kbuf, rbuf)
+    return _StepResult(rows, times, stop, kout, rout, kbuf, rbuf, meta=meta, inputs=inputs)
 
 
 DETERMINISM_OUTPUT = "determinism"
@@ -633,7 +650,7 @@ def _oracle_findings(oracle, case, step, meta, inputs, ape, ref_out, ref_caches)
             slot_mapping=meta.slot_mapping, max_pool_seq_len=meta.max_pool_seq_len,
             index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, score_mode=cfg.score_mode,
             pack_tail=cfg.pack_tail, compute_topk=step.compute_topk,
-            num_cache_slots=case.geometry.num_pages * B)
+            num_cache_slots=case.geometry.num_pages * B, always_select_tail=cfg.always_select_tail)
     except Exception as exc:
         return [cmp.crash_finding("oracle", exc, output=ORACLE_OUTPUT)]
     rows = [r for r in cmp.compare_indices(

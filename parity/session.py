@@ -42,6 +42,8 @@ class RunOptions:
         decode_relations: relation names checked on the decode steps (:func:`decode_steps`) of
             the seed cases (tag :data:`SEED_TAG`) only: the device default
             (:data:`DEVICE_DECODE_RELATIONS`) when ``--metamorphic`` is not given.
+        oracle: ``"history"`` (the whole-history oracle only) or ``"hf"`` (also Hugging Face
+            as a third implementation, :mod:`parity.hf_run`; ``--oracle hf``).
     """
 
     device: str = "cpu"
@@ -52,6 +54,7 @@ class RunOptions:
     metamorphic: List[str] = field(default_factory=list)
     seed_offset: int = 0
     decode_relations: List[str] = field(default_factory=list)
+    oracle: str = "history"
 
     def to_dict(self) -> dict:
         """JSON-able dict."""
@@ -166,6 +169,12 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
         console.print(f"[yellow]--jobs {jobs} needs the production kernel and parity.parallel; running in this process[/]")
         jobs = 1
     kwargs = dict(check_oracle=options.check_oracle, mode=options.mode, repeat=options.repeat)
+    observer_for = None
+    if options.oracle == "hf":            # a per-case observer lives in this process (parity.hf_run)
+        from .hf_run import observer_for
+        if jobs > 1:
+            console.print(f"[yellow]--oracle hf runs in this process: --jobs {jobs} ignored[/]")
+            jobs = 1
     total = sum(len(c.steps) for c in cases)
     bar = _progress(console, total)
     task = bar.add_task("", total=total) if bar is not None else None
@@ -200,8 +209,12 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
             for case in cases:
                 if bar is not None:
                     bar.update(task, description=case.case_id)
+                observer = observer_for(case) if observer_for is not None else None
                 res = run_case(case, device=options.device, kernel_forward=fn,
-                               on_step=(lambda c, i, s: bar.advance(task)) if bar is not None else None, **kwargs)
+                               on_step=(lambda c, i, s: bar.advance(task)) if bar is not None else None,
+                               step_observer=observer, **kwargs)
+                if observer is not None:
+                    res.hf_table = observer.table()
                 if par is not None:
                     par.annotate(res, 0, label)
                 if bar is not None and res.steps_run < len(case.steps):

@@ -198,7 +198,7 @@ def canonical_topk(scores: torch.Tensor, selected: int):
 
 
 def expand_row(pool_ids, valid, position: int, *, index_topk: int, index_kpool: int,
-               pack_tail: bool, width: int) -> list:
+               pack_tail: bool, width: int, always_select_tail: bool = True) -> list:
     """One output row (kpool-algorithm.md §4.5 steps 1-3, §7).
 
     Args:
@@ -207,6 +207,8 @@ def expand_row(pool_ids, valid, position: int, *, index_topk: int, index_kpool: 
         index_topk / index_kpool: ``K_tok`` / ``P``.
         pack_tail: packed (column ``min(tail_start, K_tok)``) or fixed (column ``K_tok``) tail.
         width: the buffer width (>= W); columns >= W are -1.
+        always_select_tail: ``False`` writes no tail (HF ``index_kpool_always_select_tail=False``,
+            kpool-algorithm.md §10): the row is the history columns only, ``W = K_tok``.
     Returns:
         list of ``width`` ints.
     """
@@ -216,7 +218,7 @@ def expand_row(pool_ids, valid, position: int, *, index_topk: int, index_kpool: 
         slot, lane = divmod(c, P)
         if slot < len(pool_ids) and bool(valid[slot]):
             row[c] = int(pool_ids[slot]) * P + lane
-    if P > 1:
+    if P > 1 and always_select_tail:
         tail_start = ((position + 1) // P) * P
         tail_count = position + 1 - tail_start
         tail_col = min(tail_start, K) if pack_tail else K
@@ -226,19 +228,21 @@ def expand_row(pool_ids, valid, position: int, *, index_topk: int, index_kpool: 
 
 
 def index_rows(scores: torch.Tensor, visible: torch.Tensor, positions, *, selected: int, index_topk: int,
-               index_kpool: int, pack_tail: bool, width: int) -> torch.Tensor:
+               index_kpool: int, pack_tail: bool, width: int, always_select_tail: bool = True) -> torch.Tensor:
     """Output rows of scored query rows: :func:`sanitize_scores`, :func:`canonical_topk`, then
     :func:`expand_row` per row (kpool-algorithm.md §4.3-§4.5).
 
     Args:
         scores: fp32 ``[rows, n]`` raw scores; visible: int ``[rows]`` visible pool counts;
-        positions: the rows' absolute positions (``rows`` ints); the rest as :func:`expand_row`.
+        positions: the rows' absolute positions (``rows`` ints); the rest (``always_select_tail``
+        included) as :func:`expand_row`.
     Returns:
         int32 ``[rows, width]``.
     """
     pool_ids, valid = canonical_topk(sanitize_scores(scores, visible), selected)
     pool_ids, valid = pool_ids.tolist(), valid.tolist()  # lists: expand_row indexes per column
     rows = [expand_row(pool_ids[i], valid[i], int(positions[i]), index_topk=index_topk,
-                       index_kpool=index_kpool, pack_tail=pack_tail, width=width)
+                       index_kpool=index_kpool, pack_tail=pack_tail, width=width,
+                       always_select_tail=always_select_tail)
             for i in range(len(pool_ids))]
     return torch.tensor(rows, dtype=torch.int32).reshape(len(rows), width)

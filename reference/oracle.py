@@ -77,7 +77,8 @@ class HistoryOracle:
     @single_threaded()
     def step(self, *, request_ids, k, gate, q, weights, ape, positions, cum_query_lens, raw_seq_lens,
              seq_lens, slot_mapping, max_pool_seq_len, index_topk, index_kpool, score_mode="relu",
-             pack_tail=True, compute_topk=True, num_tokens=None, num_cache_slots=None) -> OracleStep:
+             pack_tail=True, compute_topk=True, num_tokens=None, num_cache_slots=None,
+             always_select_tail=True) -> OracleStep:
         """Feed one step and return what the kernels must produce (§4, §5).
 
         Args:
@@ -91,6 +92,7 @@ class HistoryOracle:
             index_topk, index_kpool, score_mode, pack_tail, compute_topk: as in ``forward``.
             num_tokens: ``T`` (defaults to ``positions.shape[0]``).
             num_cache_slots: optional ``N * B``; slots ``>= num_cache_slots`` write nothing.
+            always_select_tail: ``False``: no tail, rows of width ``K_tok`` (as in ``forward``).
 
         Returns:
             :class:`OracleStep`. ``T == 0`` or ``R == 0``: indices ``[T, 1, W]`` of -1 (or None),
@@ -105,7 +107,7 @@ class HistoryOracle:
             self.index_kpool = P
         if self.index_kpool != P:
             raise ValueError(f"index_kpool changed from {self.index_kpool} to {P}")
-        W = K_tok + P - 1
+        W = K_tok + P - 1 if always_select_tail else K_tok
         T = int(positions.shape[0]) if num_tokens is None else int(num_tokens)
         R = int(cum_query_lens.shape[0])
         if T == 0 or R == 0:
@@ -176,7 +178,8 @@ class HistoryOracle:
                     scores[:, :n_scored] = pool_scores(q[chunk_rows], weights[chunk_rows], pools, score_mode)
                 out[chunk_rows] = index_rows(scores, torch.tensor(chunk_visible, dtype=torch.int64),
                                              positions[chunk_rows], selected=selected, index_topk=K_tok,
-                                             index_kpool=P, pack_tail=pack_tail, width=W)
+                                             index_kpool=P, pack_tail=pack_tail, width=W,
+                                             always_select_tail=always_select_tail)
         return OracleStep(indices=out.unsqueeze(1), pool_writes=pool_writes)
 
     def _pool(self, rid: Hashable, j: int) -> torch.Tensor:

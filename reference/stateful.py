@@ -68,7 +68,7 @@ def request_bounds(cum_query_lens: torch.Tensor) -> list:
 def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions, cum_query_lens,
             raw_seq_lens, seq_lens, block_table, slot_mapping, tail_block_table, tail_slot_mapping,
             max_pool_seq_len, index_topk, index_kpool, score_mode="relu", pack_tail=True,
-            compute_topk=True, output_buffer=None) -> Optional[torch.Tensor]:
+            compute_topk=True, output_buffer=None, always_select_tail=True) -> Optional[torch.Tensor]:
     """One KPool forward: cache update (always) then optional top-k (kpool-algorithm.md §4-§7).
 
     Args:
@@ -93,9 +93,12 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         compute_topk: ``False`` updates both caches and returns ``None`` (§5.5).
         output_buffer: optional int32 ``[capacity >= T, width >= W]``: rows ``< T`` are written
             over their whole width (columns ``>= W`` become -1), rows ``>= T`` are untouched.
+        always_select_tail: ``False`` (HF ``index_kpool_always_select_tail=False``,
+            kpool-algorithm.md §10): no tail step, ``W = K_tok``; everything else unchanged.
 
     Returns:
-        int32 ``[T, 1, W]`` token indices within each request (``W = K_tok + P - 1``, ``-1`` =
+        int32 ``[T, 1, W]`` token indices within each request (``W = K_tok + P - 1``, or
+        ``K_tok`` without the tail; ``-1`` =
         unused; padding rows ``t >= T_live`` all ``-1``), or ``output_buffer[:T, :W].unsqueeze(1)``,
         or ``None`` when ``compute_topk=False``. ``T == 0`` or ``R == 0``: the caches are not touched;
         the result is ``[T, 1, W]`` of -1 (every row is a padding row; empty when ``T == 0``).
@@ -111,7 +114,7 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         raise ValueError("KPool top-k must be divisible by its positive pool size.")
     if score_mode not in ("relu", "merged"):
         raise ValueError(f"unknown score_mode {score_mode!r}")
-    W = K_tok + P - 1
+    W = K_tok + P - 1 if always_select_tail else K_tok
     T = int(positions.shape[0])
     if output_buffer is not None and (output_buffer.shape[0] < T or output_buffer.shape[1] < W):
         raise ValueError(f"output_buffer {tuple(output_buffer.shape)} cannot hold [{T}, {W}]")
@@ -124,7 +127,7 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
     if any(t is not None and t.device.type != "cpu" for t in args.values()):
         return _forward_via_cpu(args, max_pool_seq_len=max_pool_seq_len, index_topk=K_tok,
                                 index_kpool=P, score_mode=score_mode, pack_tail=pack_tail,
-                                compute_topk=compute_topk)
+                                compute_topk=compute_topk, always_select_tail=always_select_tail)
 
     R = int(cum_query_lens.shape[0])
     if T == 0 or R == 0:
@@ -143,14 +146,16 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
                             slot_mapping=slot_mapping, tail_block_table=tail_block_table,
                             tail_slot_mapping=tail_slot_mapping, max_pool_seq_len=max_pool_seq_len,
                             K_tok=K_tok, P=P, score_mode=score_mode, pack_tail=pack_tail,
-                            compute_topk=compute_topk, output_buffer=output_buffer)
+                            compute_topk=compute_topk, output_buffer=output_buffer,
+                            always_select_tail=always_select_tail)
 
 
 def _forward_cpu(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions, cum_query_lens,
                  raw_seq_lens, seq_lens, block_table, slot_mapping, tail_block_table, tail_slot_mapping,
-                 max_pool_seq_len, K_tok, P, score_mode, pack_tail, compute_topk, output_buffer):
+                 max_pool_seq_len, K_tok, P, score_mode, pack_tail, compute_topk, output_buffer,
+                 always_select_tail=True):
     """The three stages of :func:`forward` on CPU tensors of a non-empty batch (R >= 1, T >= 1)."""
-    T, W = int(positions.shape[0]), K_tok + P - 1
+    T, W = int(positions.shape[0]), (K_tok + P - 1 if always_select_tail else K_tok)
     bounds = request_bounds(cum_query_lens)
     T_live = min(bounds[-1][1], T)
     _compress_completed_pools(k=k, gate=gate, ape=ape, compressed_cache=compressed_cache,
@@ -166,7 +171,7 @@ def _forward_cpu(*, k, gate, q, weights, ape, compressed_cache, tail_cache, posi
     rows = _select(q=q, weights=weights, compressed_cache=compressed_cache, positions=positions,
                    bounds=bounds, T=T, T_live=T_live, seq_lens=seq_lens, block_table=block_table,
                    max_pool_seq_len=int(max_pool_seq_len), K_tok=K_tok, P=P, score_mode=score_mode,
-                   pack_tail=pack_tail, width=width)
+                   pack_tail=pack_tail, width=width, always_select_tail=always_select_tail)
     if output_buffer is None:
         return rows.unsqueeze(1)
     output_buffer[:T].copy_(rows)
@@ -274,7 +279,7 @@ def gather_request_pools(compressed_cache: torch.Tensor, block_table_row: torch.
 
 
 def _select(*, q, weights, compressed_cache, positions, bounds, T, T_live, seq_lens, block_table,
-            max_pool_seq_len, K_tok, P, score_mode, pack_tail, width) -> torch.Tensor:
+            max_pool_seq_len, K_tok, P, score_mode, pack_tail, width, always_select_tail=True) -> torch.Tensor:
     """§4.1-§4.5: int32 ``[T, width]`` index rows; padded rows (``t >= T_live``) all ``-1``."""
     H = int(q.shape[1])
     selected = min(K_tok // P, max_pool_seq_len)
@@ -298,5 +303,6 @@ def _select(*, q, weights, compressed_cache, positions, bounds, T, T_live, seq_l
                 scores[:, :n_scored] = pool_scores(heads_innermost(q[chunk_rows]), weights[chunk_rows],
                                                    pools[:n_scored], score_mode)
             out[chunk_rows] = index_rows(scores, chunk_visible, positions[chunk_rows], selected=selected,
-                                         index_topk=K_tok, index_kpool=P, pack_tail=pack_tail, width=width)
+                                         index_topk=K_tok, index_kpool=P, pack_tail=pack_tail, width=width,
+                                         always_select_tail=always_select_tail)
     return out

@@ -14,8 +14,12 @@
 #                                           missing pure-python deps, never
 #                                           torch/torch_npu/triton/triton-ascend.
 #   c. otherwise                         -> build .venv with CPU torch 2.13.0 +
-#                                           triton 3.6.0 + pure deps, then
+#                                           triton 3.6.0 + pure deps + the [hf]
+#                                           extra (transformers 5.24.0, for
+#                                           --oracle hf), then
 #                                           `pip install -e . --no-deps`.
+#   In case b the [hf] extra is optional and never installed (transformers
+#   must not touch the accelerator stack): --oracle hf then says why it skips.
 #                                           Stamp: .venv/.bootstrap-ok
 # ascend:
 #   $PYTHON_ASCEND set -> use it as is; otherwise build .venv-ascend with CPU
@@ -35,6 +39,7 @@ MODE="${1:-main}"
 TORCH_VERSION="2.13.0"
 TRITON_VERSION="3.6.0"
 TRITON_ASCEND_VERSION="3.2.0"
+HF_VERSION="5.24.0"     # the [hf] extra of pyproject.toml (parity/hf_oracle.py HF_VERSION)
 PURE_DEPS=(numpy pandas hypothesis pytest pytest-xdist rich)
 WHEELS_DIR="${KPOOL_WHEELS_DIR:-/opt/wheels}"
 
@@ -110,13 +115,16 @@ EOF2
         fi
         rm -f "$constraints"
     fi
+    log "the [hf] extra (transformers==$HF_VERSION) is optional here and not installed by bootstrap;" \
+        "python -m parity run --oracle hf states why it skips when it is missing"
     emit "$SYS_PY"
 fi
 
 # ------------------------------------------------------------------ (c) venv
 if [ "$MODE" = main ]; then
     VENV="$ROOT/.venv"
-    PKGS=("torch==$TORCH_VERSION" "triton==$TRITON_VERSION" "${PURE_DEPS[@]}")
+    # transformers does not depend on torch: the [hf] extra cannot change the CPU torch pin.
+    PKGS=("torch==$TORCH_VERSION" "triton==$TRITON_VERSION" "${PURE_DEPS[@]}" "transformers==$HF_VERSION")
 else
     VENV="$ROOT/.venv-ascend"
     # No plain `triton` here: triton-ascend ships the `triton` module itself.
@@ -180,6 +188,9 @@ if mode == "ascend":
     tri = "triton-ascend " + metadata.version("triton-ascend")
 else:
     tri = "triton " + triton.__version__
+    import importlib
+    importlib.import_module("transformers.models.glm5_next.modeling_glm5_next")   # the [hf] extra
+    tri += ", transformers " + metadata.version("transformers")
 print(f"[bootstrap] ok: python {sys.version.split()[0]}, torch {torch.__version__}, {tri}",
       file=sys.stderr)
 EOF
