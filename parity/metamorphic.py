@@ -31,8 +31,11 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import pandas as pd
 import torch
 
+from cases.steps import batch_metadata, build_step, forward_kwargs
+
 from . import compare as cmp
 from . import sentinel as sen
+from .forwards import accepts_keyword, torch_device
 
 OUTPUT_PREFIX = "metamorphic:"
 
@@ -69,31 +72,23 @@ class StepState:
 
 
 def _build_meta(case, batch, device="cpu"):
-    from kpool.metadata import build_metadata
-    return build_metadata(batch, index_kpool=case.config.index_kpool, ring_capacity=case.config.ring_capacity,
-                          page_size=case.geometry.page_size, device=device)
+    return batch_metadata(case, batch, device)
 
 
 def step_states(case, *, reference_forward: Optional[Callable] = None) -> Iterator[StepState]:
     """Yield a :class:`StepState` for every step of ``case``, advancing one set of CPU caches with
     the reference forward (``reference.stateful.forward`` by default). Steps that expect an error
     are yielded too (they leave the caches unchanged); a step whose setup fails yields ``None``."""
-    from cases.values import case_ape, make_inputs
     if reference_forward is None:
         from reference.stateful import forward as reference_forward
-    cfg, geo = case.config, case.geometry
-    caches = geo.allocate(cfg)
-    sen.lay_cache_sentinels(caches)
-    ape = case_ape(case).to(torch.float32)
+    caches = sen.sentinel_caches(case)
     for i, step in enumerate(case.steps):
         try:
-            meta = _build_meta(case, step.batch)
-            if step.patch_metadata is not None:
-                meta = step.patch_metadata(meta)
-            inputs = make_inputs(case, step, meta)
+            built = build_step(case, step)
         except Exception:   # a setup failure is the runner's finding, not a relation's
             yield None
             continue
+        meta, inputs, ape = built.meta, built.inputs, built.ape
         yield StepState(case, i, step, meta, inputs, ape, caches.clone())
         if step.expect_error is None:
             try:
@@ -103,12 +98,9 @@ def step_states(case, *, reference_forward: Optional[Callable] = None) -> Iterat
 
 
 def _kwargs(case, compute_topk, meta, inputs, ape, caches, out_buf, dev, **extra) -> dict:
-    cfg = case.config
-    mv = lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t  # noqa: E731
-    return dict({k: mv(v) for k, v in inputs.items()}, ape=mv(ape), compressed_cache=caches.compressed_cache,
-                tail_cache=caches.tail_cache, **{k: mv(v) for k, v in meta.forward_kwargs().items()},
-                index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, score_mode=cfg.score_mode,
-                pack_tail=cfg.pack_tail, compute_topk=compute_topk, output_buffer=out_buf, **extra)
+    # No copy: captured-replay rewrites its device buffers in place between two calls.
+    return forward_kwargs(case, meta, inputs, ape, caches, device=dev, compute_topk=compute_topk,
+                          output_buffer=out_buf, **extra)
 
 
 @dataclass
@@ -260,7 +252,6 @@ def score_chunking(state: StepState, *, device, kernel_forward: Callable,
     """The indexer score scratch split into chunks of ``chunk_rows`` token rows
     (``max_score_rows``): identical rows and caches. Default chunks: 1 row (up to 16 live rows,
     else 5) and half the live rows."""
-    from .runner import accepts_keyword
     t_live = state.meta.num_live_tokens
     if not _plain(state) or not state.step.compute_topk or t_live < 2 \
             or not accepts_keyword(kernel_forward, "max_score_rows"):
@@ -356,12 +347,11 @@ def run_relations(case, names: Optional[Sequence[str]] = None, *, device, kernel
     Raises:
         ValueError: an unknown relation name.
     """
-    from .runner import _torch_device
     names = list(RELATIONS) if not names else list(names)
     unknown = [n for n in names if n not in RELATIONS]
     if unknown:
         raise ValueError(f"unknown metamorphic relation(s) {unknown}; known: {list(RELATIONS)}")
-    dev = _torch_device(device)
+    dev = torch_device(device)
     if kernel_forward is None:
         from kpool.indexer import forward as kernel_forward
     wanted = set(range(len(case.steps)) if steps is None else steps)

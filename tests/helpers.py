@@ -46,8 +46,8 @@ def assert_planted_fault_found_and_shrunk(kind: str, name: str, device, corpus_d
     planted fault ``name`` (:mod:`parity.mutants`) with its expected verdict and shrinks it to a
     small case; the saved corpus entry fails on the mutant and passes on the real kernels."""
     from cases.corpus import describe, load_case
-    from cases.generated import ParityFailure, run_generated
     from cases.profiles import current_profile
+    from parity.generated import ParityFailure, run_generated
     from parity.mutants import expected_verdict, load_mutant
     from parity.runner import run_case
 
@@ -74,8 +74,8 @@ def assert_planted_fault_found_and_shrunk(kind: str, name: str, device, corpus_d
 def assert_generated_run_covers(kind: str, device, capsys, *, min_passed: int, classes) -> None:
     """The current profile's budget of generated ``kind`` cases ("batch" or "engine") passes,
     prints its coverage, runs at least ``min_passed`` examples and exercises every one of
-    ``classes`` (:mod:`cases.coverage` class names)."""
-    from cases.generated import run_generated
+    ``classes`` (:mod:`parity.coverage` class names)."""
+    from parity.generated import run_generated
     out = run_generated(kind, device=device)
     with capsys.disabled():
         print("\n" + "\n".join(out.coverage.lines()))

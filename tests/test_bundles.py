@@ -83,6 +83,7 @@ def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path, device)
     assert f"-m parity replay {path}" in readme and "cache-mismatch" in readme
 
 
+@pytest.mark.integration
 def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path, device):
     case, res, path = _record(tmp_path, device)
     proc = _python("replay", path, device=device)

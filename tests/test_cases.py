@@ -12,13 +12,15 @@ import functools
 import pytest
 import torch
 
-from cases.scenarios import (SCENARIOS, SIZES, case_stats, config_for, seed_cases, step_metadata,
-                             visible_pools)
+from cases.scenarios import SCENARIOS, SIZES, config_for, seed_cases
 from cases.spec import Case
+from cases.steps import step_metadata
 from cases.values import (EXACT_INT_RANGE, PAD_K, case_ape, exact_logit_inputs, exact_logit_tensors,
                           exact_score_bound, make_ape, make_inputs, row_requests)
 from kpool.config import GLM53_FLASH, SMALL
-from reference.numerics import compress_pools, pool_scores, relu_fp32
+from parity.compare import assert_bitwise_equal, same_bits
+from parity.coverage import case_stats
+from reference.numerics import compress_pools, pool_scores, relu_fp32, visible_pools
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,9 +50,10 @@ def _scored_rows(name, size):
     for step, meta in zip(case.steps, _metas(name, size)):
         if not step.compute_topk:
             continue
-        req, ql, vis = row_requests(meta), _query_lens(meta), visible_pools(meta, P)
+        req, ql = row_requests(meta), _query_lens(meta)
         for t in range(meta.num_live_tokens):
-            yield step, meta, t, int(meta.positions[t]), int(req[t]), int(ql[req[t]]), int(vis[t])
+            p, r = int(meta.positions[t]), int(req[t])
+            yield step, meta, t, p, r, int(ql[r]), visible_pools(p, int(meta.seq_lens[r]), P)
 
 
 # ---- structure every case shares ---------------------------------------------------------------
@@ -242,12 +245,8 @@ def test_cache_only(size):
 
 # ---- inputs ---------------------------------------------------------------------------------------
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
-
-
 def _same_bits(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(_bits(a[k]), _bits(b[k])) for k in a)
+    return a.keys() == b.keys() and all(same_bits(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize("name", ["decode-tail", "full-padding", "cache-only", "prefill-tail"])
@@ -269,7 +268,7 @@ def test_inputs_deterministic_and_shaped(name):
     assert not torch.equal(make_inputs(other, case.steps[1], metas[1])["q"], first[1]["q"])
     s2 = dataclasses.replace(case.steps[1], seed=case.steps[1].seed + 100)
     assert not torch.equal(make_inputs(case, s2, metas[1])["q"], first[1]["q"])
-    assert torch.equal(_bits(case_ape(case)), _bits(case_ape(case)))
+    assert_bitwise_equal(case_ape(case), case_ape(case), name="ape")
 
 
 def test_random_family_values():
@@ -284,7 +283,7 @@ def test_random_family_values():
     assert (x["k"][T_live:] >= PAD_K).all()                         # padding rows hold garbage
     ape = make_ape(case.config, case.seed)
     assert ape.shape == (4, case.config.index_head_dim) and ape.dtype == torch.float32 and ape.abs().sum() > 0
-    assert torch.equal(_bits(ape), _bits(make_ape(case.config, case.seed)))
+    assert_bitwise_equal(ape, make_ape(case.config, case.seed), name="ape")
     assert case.ape is None and torch.equal(case_ape(case), ape)
 
 
@@ -396,13 +395,15 @@ def test_small_steps_pass_forward_validation(name):
         assert t_live == meta.num_live_tokens
 
 
-def test_geometry_allocate_keeps_every_padding():
-    """CacheGeometry.allocate lays the caches out as declared: padded page and ring-block strides
-    and guard bands, so the sentinel checks cover padding the kernels must not touch."""
+def test_case_caches_keep_every_padding():
+    """parity.sentinel.case_caches lays the caches out as the case's geometry declares: padded
+    page and ring-block strides and guard bands, so the sentinel checks cover padding the kernels
+    must not touch."""
     from cases.spec import CacheGeometry
     from kpool.config import SMALL
+    from parity.sentinel import case_caches
     geo = CacheGeometry(num_pages=3, page_size=2, num_tail_blocks=2, page_padding=5, ring_block_padding=7, guard=11)
-    caches = geo.allocate(SMALL)
+    caches = case_caches(Case("geo", "small", SMALL, geo, steps=()))
     D, C = SMALL.index_head_dim, SMALL.ring_capacity
     assert caches.compressed_cache.stride(0) == 2 * D + 5 and caches.compressed_cache.storage_offset() == 11
     assert caches.tail_cache.stride(0) == 2 * C * D + 7 and caches.tail_cache.storage_offset() == 11

@@ -91,7 +91,7 @@ def test_device_workflow_runs_all_four_suites(name, device):
     """The device job's command, rendered by make with the workflow's env, selects corpus, seed,
     public and generated at both sizes with the device profile (PARITY_ARGS used to replace it and
     the job ran the seed suite only)."""
-    from cases.suites import PARTS, suite_parts
+    from parity.suites import PARTS, suite_parts
     text, env, variables = _workflow(name)
     assert "PARITY_ARGS" not in text
     args = _make_parity_args(*variables, env=env)
@@ -101,7 +101,7 @@ def test_device_workflow_runs_all_four_suites(name, device):
 
 
 def test_cli_defaults_equal_make_defaults():
-    from cases.suites import suite_parts
+    from parity.suites import suite_parts
     from parity.cli import DEFAULT_SIZE, DEFAULT_SUITE, build_parser
     made = _make_parity_args()
     cli = build_parser().parse_args(["run"])

@@ -18,7 +18,7 @@ from cases import corpus
 from cases.engine import Action, EngineSim, FullMode
 from cases.genvalues import Special, ValueSpec
 from cases.patches import MetadataPatch
-from cases.scenarios import step_metadata
+from cases.steps import step_metadata
 from cases.spec import OutputBufferSpec
 from cases.values import make_inputs
 from kpool.config import KPoolConfig
@@ -107,4 +107,4 @@ def test_corpus_entry_replays(path, device):
 
 
 def test_corpus_directory_is_not_empty():
-    assert ENTRIES, "cases/corpus holds the shrunk planted-fault cases; regenerate with python -m cases.grow"
+    assert ENTRIES, "cases/corpus holds the shrunk planted-fault cases; regenerate with python -m parity.generated.grow"

@@ -352,6 +352,7 @@ def test_print_results_summary_line():
     assert "tail_ring" in console.export_text()
 
 
+@pytest.mark.integration
 def test_cli_help_and_usage_errors():
     env = dict(os.environ, PYTHONPATH=ROOT)
     for args in (["--help"], ["run", "--help"]):
@@ -374,7 +375,7 @@ def test_cli_import_does_not_load_kernels():
 
 
 def test_seed_offset_and_case_selection():
-    from parity.cli import offset_seeds, select_cases
+    from parity.suites import offset_seeds, select_cases
     case = _tiny_case()
     shifted = offset_seeds(case, 10)
     assert shifted.seed == case.seed + 10 and [s.seed for s in shifted.steps] == [s.seed + 10 for s in case.steps]

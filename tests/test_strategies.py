@@ -1,5 +1,5 @@
 """Hypothesis strategies and generated batches (cases.strategies, cases.genvalues, cases.patches,
-cases.coverage, cases.generated).
+parity.coverage, parity.generated).
 
 * the bit-pattern value constructors and every value family are bit-exact by construction;
 * drawn configs and batches are valid (metadata builds; bad-metadata steps are rejected by the
@@ -18,8 +18,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from cases import genvalues as gv
-from cases.patches import MetadataPatch, check_metadata
-from cases.scenarios import step_metadata
+from cases.patches import MetadataPatch
+from cases.steps import step_metadata
+from parity.checked_reference import check_metadata
 from cases.strategies import TINY, batch_cases, configs, engine_cases, scaled
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolBlockIdError
@@ -206,7 +207,7 @@ def _bad(meta, field, index, value):
 
 
 def test_reference_side_metadata_check_rejects_what_the_kernel_rejects():
-    """cases.patches.check_metadata (the harness's reference-side check, parity-contract.md §5)
+    """parity.checked_reference.check_metadata (the harness's reference-side check, parity-contract.md §5)
     passes valid metadata and rejects each kind of bad metadata the kernel's validation rejects."""
     from kpool.errors import KPoolMetadataError
     from kpool.validation import validate_forward
@@ -232,12 +233,14 @@ def test_reference_side_metadata_check_rejects_what_the_kernel_rejects():
 
 # ---- generated runs (the ci budget) -------------------------------------------------------------
 
+@pytest.mark.integration
 def test_generated_batches_pass_and_report_coverage(device, warm_kernels, capsys):
     assert_generated_run_covers("batch", device, capsys, min_passed=10, classes=(
         "visible=0", "visible<K", "visible>K", "cache-only step", "chunk read from ring",
         "mid-chunk pool completion", "merged score mode", "fixed tail layout"))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["visible-off-by-one", "ring-capacity-p"])
 def test_planted_fault_found_by_generated_batches_and_shrunk(name, device, warm_kernels, tmp_path):
     """'own incomplete pool visible' (C09) and 'P-slot ring' (C21): the ci budget of generated
