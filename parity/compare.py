@@ -37,8 +37,13 @@ from reference.numerics import tail_start
 
 from .certificates import certify_rounding_boundaries, certify_ties, check_tie_policy
 # The findings vocabulary lives in parity.findings; comparators' callers use it through here too.
-from .findings import (FINDING_COLUMNS, LOCATION_COLUMNS, PASS_VERDICTS, TEXT_LOCATION_COLUMNS, VERDICTS,  # noqa: F401
+from .findings import (FINDING_COLUMNS, LOCATION_COLUMNS, PASS_VERDICTS, TEXT_LOCATION_COLUMNS, VERDICTS,
                        crash_finding, finding, findings_frame, is_failure)
+
+__all__ = ["assert_bitwise_equal", "bitwise_mismatch", "bits", "same_bits", "compare_indices", "compare_compressed",
+           "compare_ring", "compare_errors", "sentinel_findings", "exception_kind", "tail_column_mask",
+           "FINDING_COLUMNS", "LOCATION_COLUMNS", "PASS_VERDICTS", "TEXT_LOCATION_COLUMNS", "VERDICTS",
+           "crash_finding", "finding", "findings_frame", "is_failure"]
 
 # --------------------------------------------------------------------------- indices
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from kpool.cache import allocate_caches
-from kpool.config import KPoolConfig
+from kpool.config import SMALL, KPoolConfig
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata
 
 
@@ -32,6 +32,32 @@ def small_batch(config: KPoolConfig, *, device="cpu", seed=0, page_size=2, num_p
         compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
         index_topk=config.index_topk, index_kpool=P, **meta.forward_kwargs())
     return caches, kwargs
+
+
+def padded_batch(num_tokens=12, stale=True):
+    """Request 0: positions 0..6 (pages [3, 5], ring block 1); request 1: positions 2..4 (page
+    [1], ring block 0); FULL-mode padding rows 10, 11 with stale positive ring slots."""
+    return BatchSpec([RequestSpec(0, 7, [3, 5], ring_block=1), RequestSpec(2, 3, [1], ring_block=0)],
+                     num_tokens=num_tokens, full_mode=True, stale_tail_slots=stale)
+
+
+def index_rows():
+    """SMALL rows of one 7-token request (positions 0..6) and 2 padding rows, arbitrary values:
+    ``(metadata, int32 [9, 1, W])``."""
+    P, C, W = SMALL.index_kpool, SMALL.ring_capacity, SMALL.output_width
+    meta = build_metadata(BatchSpec([RequestSpec(0, 7, [0, 1], 0)], num_tokens=9),
+                          index_kpool=P, ring_capacity=C, page_size=2)
+    ref = torch.arange(9 * W, dtype=torch.int32).reshape(9, 1, W) % 50
+    ref[7:] = -1
+    return meta, ref
+
+
+def compare_rows(kernel, ref, meta, pack_tail=True, **kw):
+    """:func:`parity.compare.compare_indices` of SMALL rows (:func:`index_rows`)."""
+    from parity import compare as cmp
+    return cmp.compare_indices(kernel, ref, positions=meta.positions, cum_query_lens=meta.cum_query_lens,
+                               index_topk=SMALL.index_topk, index_kpool=SMALL.index_kpool, pack_tail=pack_tail,
+                               compute_topk=True, **kw)
 
 
 def is_small_case(case, *, steps=3, rows=24, requests=3) -> bool:

@@ -11,6 +11,7 @@ from kpool.cache import allocate_caches
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolError
 from kpool.metadata import BatchSpec, build_metadata
+from parity.compare import same_bits
 
 
 def batch_kwargs(config: KPoolConfig, batch: BatchSpec, *, page_size: int, num_pages: int, num_tail_blocks: int,
@@ -57,7 +58,7 @@ def assert_rejected(call: Callable[[], object], error: type, rule: Optional[str]
     launched = [e for e in info.traceback if "/kpool/ops/" in str(e.path).replace("\\", "/")]
     assert not launched, f"raised inside the kernels' launchers: {launched}"
     after = snapshot(kw, *extra)
-    changed = [i for i, (a, b) in enumerate(zip(before, after)) if not torch.equal(a, b)]
+    changed = [i for i, (a, b) in enumerate(zip(before, after)) if not same_bits(a, b)]
     assert not changed, f"tensors {changed} changed although the call was rejected"
     return info.value
 

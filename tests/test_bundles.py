@@ -18,6 +18,7 @@ import torch
 
 from parity import bundle
 from parity.session import RunOptions, run_cases
+from parity.compare import assert_bitwise_equal, same_bits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULT = "tests.test_reports:planted_fault"
@@ -60,16 +61,16 @@ def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path, device)
         meta = build_metadata(step.batch, index_kpool=4, ring_capacity=4, page_size=2)
         replayed = saved.patch_metadata(build_metadata(saved.batch, index_kpool=4, ring_capacity=4, page_size=2))
         for name, t in meta.tensors().items():
-            assert torch.equal(getattr(replayed, name), t), name
+            assert_bitwise_equal(getattr(replayed, name), t, name=str(name))
         for name, t in make_inputs(case, step, meta).items():
-            assert torch.equal(saved.inputs(b.case, saved, replayed)[name].view(torch.uint8), t.view(torch.uint8))
+            assert_bitwise_equal(saved.inputs(b.case, saved, replayed)[name].view(torch.uint8), t.view(torch.uint8))
     # both sides' outputs of the failing steps
     assert set(b.outputs) == {1, 3}
     out = b.outputs[1]
     assert {"kernel_indices", "reference_indices", "kernel_compressed", "reference_compressed",
             "kernel_ring", "reference_ring"} <= set(out)
-    assert not torch.equal(out["kernel_compressed"], out["reference_compressed"])
-    assert torch.equal(out["kernel_indices"], out["reference_indices"])
+    assert not same_bits(out["kernel_compressed"], out["reference_compressed"])
+    assert_bitwise_equal(out["kernel_indices"], out["reference_indices"])
     # the finding table and the environment
     assert bundle.diff_findings(b.findings, res.findings, with_programs=True).empty
     env = b.environment

@@ -265,9 +265,9 @@ def test_inputs_deterministic_and_shaped(name):
         assert a["weights"].shape == (T, H) and a["weights"].dtype == torch.float32
     # Another case seed or step seed gives other values.
     other = dataclasses.replace(case, seed=case.seed + 1)
-    assert not torch.equal(make_inputs(other, case.steps[1], metas[1])["q"], first[1]["q"])
+    assert not same_bits(make_inputs(other, case.steps[1], metas[1])["q"], first[1]["q"])
     s2 = dataclasses.replace(case.steps[1], seed=case.steps[1].seed + 100)
-    assert not torch.equal(make_inputs(case, s2, metas[1])["q"], first[1]["q"])
+    assert not same_bits(make_inputs(case, s2, metas[1])["q"], first[1]["q"])
     assert_bitwise_equal(case_ape(case), case_ape(case), name="ape")
 
 
@@ -278,24 +278,24 @@ def test_random_family_values():
     x = make_inputs(case, step, meta)
     T_live = meta.num_live_tokens
     k = x["k"][:T_live]
-    assert torch.equal(k, k.bfloat16().float())                    # bf16-valued fp32 keys
-    assert not torch.equal(x["gate"], x["gate"].bfloat16().float())  # gate is genuinely fp32
+    assert_bitwise_equal(k, k.bfloat16().float())                    # bf16-valued fp32 keys
+    assert not same_bits(x["gate"], x["gate"].bfloat16().float())  # gate is genuinely fp32
     assert (x["k"][T_live:] >= PAD_K).all()                         # padding rows hold garbage
     ape = make_ape(case.config, case.seed)
     assert ape.shape == (4, case.config.index_head_dim) and ape.dtype == torch.float32 and ape.abs().sum() > 0
     assert_bitwise_equal(ape, make_ape(case.config, case.seed), name="ape")
-    assert case.ape is None and torch.equal(case_ape(case), ape)
+    assert case.ape is None and same_bits(case_ape(case), ape)
 
 
 @pytest.mark.parametrize("name", ["prefill-tail", "pool-boundary-decode", "cache-only"])
 def test_exact_family_is_bf16_exact(name):
     case = _case(name, "small")
-    assert case.values == "exact" and torch.equal(case_ape(case), torch.zeros(4, case.config.index_head_dim))
-    assert torch.equal(make_ape(case.config, 1, "exact"), torch.zeros(4, case.config.index_head_dim))
+    assert case.values == "exact" and same_bits(case_ape(case), torch.zeros(4, case.config.index_head_dim))
+    assert_bitwise_equal(make_ape(case.config, 1, "exact"), torch.zeros(4, case.config.index_head_dim))
     for step, meta in zip(case.steps, _metas(name, "small")):
         x = make_inputs(case, step, meta)
         for key in ("k", "gate", "weights"):
-            assert torch.equal(x[key], x[key].bfloat16().float()), key
+            assert_bitwise_equal(x[key], x[key].bfloat16().float(), name=str(key))
         n = EXACT_INT_RANGE
         assert ((x["k"] * 4).round() == x["k"] * 4).all() and x["k"].abs().max() <= 1
         assert (x["gate"] == 0).all()
@@ -304,7 +304,7 @@ def test_exact_family_is_bf16_exact(name):
         # Canonical compression of any 4 rows is their exact mean (bf16-representable).
         k = x["k"][:4 * (x["k"].shape[0] // 4)].view(-1, 4, x["k"].shape[1])
         pooled = compress_pools(k, torch.zeros_like(k), case_ape(case))
-        assert torch.equal(pooled.float(), (k.double().mean(dim=1)).float())
+        assert_bitwise_equal(pooled.float(), (k.double().mean(dim=1)).float())
 
 
 @pytest.mark.parametrize("config", [SMALL, GLM53_FLASH], ids=["small", "glm"])
@@ -327,7 +327,7 @@ def test_exact_scores_are_order_independent(config):
         dots = torch.einsum("thd,jd->tjh", q.double(), pools.double())
         want = (relu_fp32(dots) * w.double()[:, None, :]).sum(-1) if mode == "relu" else dots.mul(
             w.double()[:, None, :]).sum(-1)
-        assert torch.equal(got.double(), want), mode
+        assert_bitwise_equal(got.double(), want, name=str(mode))
 
 
 def test_step_inputs_override():
@@ -355,9 +355,9 @@ def test_exact_logit_inputs_force_pool_logits():
         pooled = compress_pools(k, x["gate"][:44].view(11, 4, -1), ape)
         want = torch.zeros(11, cfg.index_head_dim)
         want[:, 0] = torch.tensor(values)
-        assert torch.equal(pooled.float(), want)
+        assert_bitwise_equal(pooled.float(), want)
         scores = pool_scores(x["q"][:1], x["weights"][:1], pooled)[0]
-        assert torch.equal(scores, relu_fp32(torch.tensor(values)))
+        assert_bitwise_equal(scores, relu_fp32(torch.tensor(values)))
     assert float(x["k"][44, 0]) == 0.0          # pool 11 has no entry: default 0
 
 

@@ -7,7 +7,6 @@ Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_metamorphic.py``.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from parity import metamorphic as mm
 

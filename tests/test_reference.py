@@ -29,6 +29,7 @@ from kpool.metadata import BatchSpec, RequestSpec, build_metadata
 from reference import stateful
 from reference.numerics import compress_pools
 from reference.oracle import HistoryOracle
+from parity.compare import assert_bitwise_equal, same_bits
 
 REPO = Path(__file__).resolve().parents[1]
 SENTINEL_BF16 = 0x7FC5        # a quiet-NaN bf16 with a payload
@@ -126,7 +127,7 @@ class Harness:
         elif out is not None:
             if out.dtype != torch.int32 or out.shape != expected.shape:
                 problems.append(f"indices: {out.dtype} {tuple(out.shape)} vs {tuple(expected.shape)}")
-            elif not torch.equal(out, expected):
+            elif not same_bits(out, expected):
                 rows = (out != expected).any(-1).any(-1).nonzero().flatten().tolist()
                 problems.append(f"indices differ in rows {rows}")
         # Compressed cache: exactly the oracle's pool writes, every other byte (guards, page
@@ -134,7 +135,7 @@ class Harness:
         exp = step.before.clone()
         for _, _, slot, value in step.oracle.pool_writes:
             exp.compressed_cache[slot // self.B, slot % self.B, 0] = value
-        if not torch.equal(exp.compressed_backing.view(torch.int16), self.caches.compressed_backing.view(torch.int16)):
+        if not same_bits(exp.compressed_backing, self.caches.compressed_backing):
             problems.append("compressed cache differs from the oracle's pool writes")
         # Ring (§5.4 net effect): each live token, in row order, at its ring slot.
         meta, C = step.meta, self.C
@@ -144,7 +145,7 @@ class Harness:
             if p >= 0 and 0 <= slot < self.caches.num_tail_blocks * C:
                 exp.tail_cache[slot // C, 0, slot % C] = step.inputs.k[t]
                 exp.tail_cache[slot // C, 1, slot % C] = step.inputs.gate[t]
-        if not torch.equal(exp.tail_backing.view(torch.int32), self.caches.tail_backing.view(torch.int32)):
+        if not same_bits(exp.tail_backing, self.caches.tail_backing):
             problems.append("ring differs from 'each live token at its ring slot'")
         return problems
 
@@ -157,10 +158,6 @@ class Harness:
         """The stateful cache row of pool ``j`` of ``rid`` (bf16 [D])."""
         page = self.tables[rid][j // self.B]
         return self.caches.compressed_cache[page, j % self.B, 0]
-
-
-def bits(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous().view(torch.int16 if x.element_size() == 2 else torch.int32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,10 +219,10 @@ def test_mtp_verify_partial_accept_replay_c21():
     k = torch.stack([s0.inputs.k[4], s0.inputs.k[5], s1.inputs.k[0], s2.inputs.k[0]])
     g = torch.stack([s0.inputs.gate[4], s0.inputs.gate[5], s1.inputs.gate[0], s2.inputs.gate[0]])
     want = compress_pools(k[None], g[None], h.ape)[0]
-    assert torch.equal(bits(h.pool_row("r", 1)), bits(want))
+    assert_bitwise_equal(h.pool_row("r", 1), want)
     ring_k = h.caches.tail_cache[2, 0]
-    assert torch.equal(bits(ring_k[8 % 7]), bits(s2.inputs.k[1]))
-    assert torch.equal(bits(ring_k[9 % 7]), bits(s2.inputs.k[2]))
+    assert_bitwise_equal(ring_k[8 % 7], s2.inputs.k[1])
+    assert_bitwise_equal(ring_k[9 % 7], s2.inputs.k[2])
 
     # The same committed tokens without speculation give the same rows and the same pool.
     plain = Harness(cfg, seed=4)
@@ -234,8 +231,8 @@ def test_mtp_verify_partial_accept_replay_c21():
     first_row = Inputs(s1.inputs.k[:1], s1.inputs.gate[:1], s1.inputs.q[:1], s1.inputs.weights[:1])
     plain.check(plain.step([("r", 6, 1)], inputs=first_row))
     p2 = plain.check(plain.step([("r", 7, 3)], inputs=s2.inputs))
-    assert torch.equal(p2.out, s2.out)
-    assert torch.equal(bits(plain.pool_row("r", 1)), bits(want))
+    assert_bitwise_equal(p2.out, s2.out)
+    assert_bitwise_equal(plain.pool_row("r", 1), want)
 
 
 def test_mtp_five_drafts_agree():
@@ -322,7 +319,7 @@ def test_score_chunking_and_merged_mode_agree(monkeypatch):
             s = h.check(h.step([("a", 0, 25), ("b", 0, 18)], inputs=bf16_weights, score_mode=mode,
                                pack_tail=(mode == "relu")))
             outs.append(s.out)
-        assert torch.equal(outs[0], outs[1])
+        assert_bitwise_equal(outs[0], outs[1])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -350,11 +347,11 @@ def test_other_device_tensors_are_computed_on_cpu_and_copied_back():
         out_g = stateful.forward(k=x.k.to(dev), gate=x.gate.to(dev), q=x.q.to(dev), weights=x.weights.to(dev),
                                  compressed_cache=gpu.compressed_cache, tail_cache=gpu.tail_cache,
                                  output_buffer=buf_g, **meta.to(dev).forward_kwargs(), **kw)
-        assert out_g.device.type == "cuda" and torch.equal(out_g.cpu(), out_c)
+        assert out_g.device.type == "cuda" and same_bits(out_g.cpu(), out_c)
         if use_buffer:
-            assert out_g.data_ptr() == buf_g.data_ptr() and torch.equal(buf_g.cpu(), buf)
-        assert torch.equal(gpu.compressed_backing.cpu().view(torch.int16), cpu.compressed_backing.view(torch.int16))
-        assert torch.equal(gpu.tail_backing.cpu().view(torch.int32), cpu.tail_backing.view(torch.int32))
+            assert out_g.data_ptr() == buf_g.data_ptr() and same_bits(buf_g.cpu(), buf)
+        assert_bitwise_equal(gpu.compressed_backing.cpu(), cpu.compressed_backing)
+        assert_bitwise_equal(gpu.tail_backing.cpu(), cpu.tail_backing)
 
 
 def test_reference_does_not_import_kpool():
@@ -381,7 +378,7 @@ def test_ring_too_small_for_mtp_disagrees_c21(drafts):
     problems = h.mismatches(replay)
     assert "compressed cache differs from the oracle's pool writes" in problems
     (rid, j, slot, value), = replay.oracle.pool_writes
-    assert j == 1 and not torch.equal(bits(h.pool_row("r", 1)), bits(value))
+    assert j == 1 and not same_bits(h.pool_row("r", 1), value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -475,7 +472,7 @@ def test_c07_short_rows_never_expand_garbage():
     assert r1[11] == row(*rng(4, 11), width=W)
     assert r1[12] == row(*rng(4, 12), width=W)
     assert not ((buf[:16] == 0x7FFFFFFF) | (buf[:16] == 12345)).any()
-    assert torch.equal(buf[16:], garbage[16:])
+    assert_bitwise_equal(buf[16:], garbage[16:])
     assert_universal(step, W, 4, 2)
 
 
@@ -508,16 +505,16 @@ def test_c11_pools_never_cross_a_request_boundary():
         return inputs
     step = h.check(h.step([("r0", 0, 6), ("r1", 0, 7)], inputs=make))
     e0 = torch.eye(h.D)[0]
-    assert torch.equal(bits(h.pool_row("r0", 0)), bits((2.5 * e0).bfloat16()))
-    assert torch.equal(bits(h.pool_row("r1", 0)), bits((8.5 * e0).bfloat16()))   # not 6.5 (flat rows 4..7)
+    assert_bitwise_equal(h.pool_row("r0", 0), (2.5 * e0).bfloat16())
+    assert_bitwise_equal(h.pool_row("r1", 0), (8.5 * e0).bfloat16())   # not 6.5 (flat rows 4..7)
     assert len(step.oracle.pool_writes) == 2
     ring = h.caches.tail_cache
     k = flat["k"]
     # Ring slot p % C of each request's own last C = 4 rows: r0 = flat rows 2..5, r1 = 9..12.
     for slot, t in ((0, 4), (1, 5), (2, 2), (3, 3)):
-        assert torch.equal(ring[3, 0, slot], k[t])
+        assert_bitwise_equal(ring[3, 0, slot], k[t])
     for slot, t in ((0, 10), (1, 11), (2, 12), (3, 9)):
-        assert torch.equal(ring[1, 0, slot], k[t])
+        assert_bitwise_equal(ring[1, 0, slot], k[t])
 
 
 def test_c13_tie_goes_to_lower_pool_id():
@@ -564,7 +561,7 @@ def test_c31_dimensionwise_softmax_prefill_equals_decode(variant):
             start += n
         return h.pool_row("r", 0).clone()
     for chunks in ([4], [3, 1], [1, 1, 1, 1]):
-        assert torch.equal(bits(run(chunks)), bits(want)), chunks
+        assert_bitwise_equal(run(chunks), want, name=str(chunks))
 
 
 # --------------------------------------------------------------------------------------------

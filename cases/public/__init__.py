@@ -31,7 +31,9 @@ from . import (c01_decode_vs_prefill_writer, c03_padded_stride_ring, c05_tail_se
                c13_partial_pool_tie, c15_ragged_mtp_decode, c17_full_graph_padding, c19_graph_replay_metadata,
                c21_rejected_drafts, c23_topk_state_across_rows, c25_near_ties, c27_determinism, c29_k512,
                c31_softmax_per_dim)
-from .model import PUBLIC_SIZE, Call, Check, PublicCase, PublicRun  # noqa: F401 (the package's API)
+from .model import PUBLIC_SIZE, Call, Check, PublicCase, PublicRun
+
+__all__ = ["MODULES", "PUBLIC_CASES", "PUBLIC_SIZE", "Call", "Check", "PublicCase", "PublicRun"]
 
 MODULES = (c01_decode_vs_prefill_writer, c03_padded_stride_ring, c05_tail_seed_bounds, c07_short_row_in_mixed_batch,
            c09_own_incomplete_pool, c11_request_boundary_pooling, c13_partial_pool_tie, c15_ragged_mtp_decode,

@@ -4,6 +4,10 @@ warm-up and compile clock (:mod:`.warmup`), the ``--suite generated`` command (:
 and the developer command that grows the corpus with the planted faults' shrunk cases
 (``python -m parity.generated.grow``).
 """
-from .driver import (KINDS, GeneratedOutcome, HarnessCrash, Nondeterministic, ParityFailure,  # noqa: F401
-                     error_summary, failure_kind, fingerprint, run_generated, shrink_budget)
-from .warmup import JitClock, WarmUp, warm_kernels, warm_up_cases  # noqa: F401
+from .driver import (KINDS, GeneratedOutcome, HarnessCrash, Nondeterministic, ParityFailure, error_summary,
+                     failure_kind, fingerprint, run_generated, shrink_budget)
+from .warmup import JitClock, WarmUp, warm_kernels, warm_up_cases
+
+__all__ = ["KINDS", "GeneratedOutcome", "HarnessCrash", "Nondeterministic", "ParityFailure", "error_summary",
+           "failure_kind", "fingerprint", "run_generated", "shrink_budget", "JitClock", "WarmUp", "warm_kernels",
+           "warm_up_cases"]
