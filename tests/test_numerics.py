@@ -3,7 +3,6 @@ values (kpool-algorithm.md §4.2-§4.5, §5.3, §11)."""
 import math
 
 import numpy as np
-import pytest
 import torch
 
 from reference.numerics import (LOWEST, FLT_MAX, canonical_topk, compress_pools, exp_fp32, expand_row,
@@ -83,19 +82,6 @@ def test_canonical_topk_ties_go_to_lower_pool_id():
     ids, valid = canonical_topk(s, 7)
     assert ids.tolist() == [[3, 0, 1, 2, 4, 5, 6]]
     assert valid.tolist() == [[True] * 6 + [False]]
-
-
-@pytest.mark.parametrize("p, pools, expected", [
-    (2, [], [0, 1, 2] + [-1] * 8),
-    (3, [0], [0, 1, 2, 3] + [-1] * 7),
-    (6, [0], [0, 1, 2, 3, 4, 5, 6] + [-1] * 4),
-    (10, [1, 0], [4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10]),
-    (18, [3, 1], [12, 13, 14, 15, 4, 5, 6, 7, 16, 17, 18]),
-])
-def test_expand_row_worked_example(p, pools, expected):
-    """kpool-algorithm.md §4.5 worked example (P=4, K_tok=8, W=11), packed tail."""
-    row = expand_row(pools, [True] * len(pools), p, index_topk=8, index_kpool=4, pack_tail=True, width=11)
-    assert row == expected
 
 
 def test_expand_row_fixed_tail_and_alignment_columns():
