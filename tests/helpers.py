@@ -13,7 +13,7 @@ def small_batch(config: KPoolConfig, *, device="cpu", seed=0, page_size=2, num_p
     """A valid multi-request batch with permuted pages: returns ``(caches, kwargs)`` where
     ``kwargs`` is a complete keyword set for ``forward`` (inputs + metadata + config)."""
     g = torch.Generator().manual_seed(seed)
-    D, H, P = config.index_head_dim, config.index_n_heads, config.index_kpool
+    P = config.index_kpool
     pages = torch.randperm(num_pages, generator=g).tolist()
     specs = []
     for i, (cached, qlen) in enumerate(requests):
@@ -24,14 +24,20 @@ def small_batch(config: KPoolConfig, *, device="cpu", seed=0, page_size=2, num_p
                           ring_capacity=config.ring_capacity, page_size=page_size, device=device)
     caches = allocate_caches(config, num_pages=num_pages, page_size=page_size,
                              num_tail_blocks=len(requests) + 1, guard=8, device=device)
+    return caches, random_forward_kwargs(config, meta, caches, g, device)
+
+
+def random_forward_kwargs(config: KPoolConfig, meta, caches, g: torch.Generator, device="cpu") -> dict:
+    """A complete keyword set for ``forward``: random ``k, gate, q, weights, ape`` drawn from
+    ``g`` in that order, the caches' views, the metadata and the config."""
+    D, H, P = config.index_head_dim, config.index_n_heads, config.index_kpool
     T = meta.num_tokens
-    kwargs = dict(
+    return dict(
         k=torch.randn(T, D, generator=g).to(device), gate=torch.randn(T, D, generator=g).to(device),
         q=torch.randn(T, H, D, generator=g).bfloat16().to(device),
         weights=torch.randn(T, H, generator=g).to(device), ape=torch.randn(P, D, generator=g).to(device),
         compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
         index_topk=config.index_topk, index_kpool=P, **meta.forward_kwargs())
-    return caches, kwargs
 
 
 def padded_batch(num_tokens=12, stale=True):
