@@ -148,7 +148,7 @@ def _compare(name: str, state: StepState, base: _Run, variant: _Run, *, variant_
 
 def _plain(state: StepState) -> bool:
     """Steps a relation can transform: valid input, metadata from the batch description alone
-    (a replayed bundle's recorded builder metadata counts, :class:`parity.bundle._SavedMetadata`)."""
+    (a replayed bundle's recorded builder metadata counts, :class:`cases.serialize.SavedMetadata`)."""
     patch = state.step.patch_metadata
     return state.step.expect_error is None and (patch is None or getattr(patch, "from_builder", False))
 

@@ -98,7 +98,7 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         on_step: optional ``fn(case, step_index, step)`` called after every step (progress bars).
         keep_outputs: keep both sides' outputs of this many failing steps (repro bundles).
         stop_on_failure: stop after the first step with a failure finding (generated runs: a
-            shrink attempt only needs its first failing step; cases.generated).
+            shrink attempt only needs its first failing step; parity.generated).
         tie_policy: the implementation's top-k tie policy, ``"canonical"`` or ``"any"``
             (:data:`parity.certificates.TIE_POLICIES`); under ``any`` exact-data steps get a
             zero-tolerance tie context too.
