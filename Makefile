@@ -56,7 +56,7 @@ help:
 	@echo "                A run writes only under REPORT (default ./parity-out): shrunk failures in"
 	@echo "                corpus-candidates/ (promote: python -m parity corpus add PATH), bundles/"
 	@echo "make test     - corpus replay, then the unit tier, then the integration tier (hypothesis searches,"
-	@echo "                CLI subprocesses, multi-worker runs): three pytest runs, all must pass; ci hypothesis"
+	@echo "                CLI runs, multi-worker runs, GLM-size tests): three pytest runs, all must pass; ci hypothesis"
 	@echo "                profile (HYPOTHESIS_PROFILE=ci; PYTEST_ARGS='$(PYTEST_ARGS)'); make test-unit /"
 	@echo "                make test-integration run one tier"
 	@echo "make bench    - benchmarks"
@@ -75,11 +75,11 @@ parity:
 	"$$PY" -m parity run $(strip $(PARITY_FLAGS))
 
 # Two tiers (ci hypothesis profile unless HYPOTHESIS_PROFILE says otherwise): the corpus of
-# shrunk failures is replayed first, then the unit tier (-m "not integration"), then the
-# integration tier (-m integration: hypothesis searches, CLI subprocesses, multi-worker runs),
+# shrunk failures is replayed first, then the unit tier, then the integration tier (hypothesis
+# searches, CLI runs, multi-worker runs: marker `integration`; GLM-size tests: marker `slow`),
 # each its own pytest invocation; every one runs and all must pass.
-UNIT_TIER        = tests --ignore=tests/test_corpus.py -m "not integration"
-INTEGRATION_TIER = tests --ignore=tests/test_corpus.py -m integration
+UNIT_TIER        = tests --ignore=tests/test_corpus.py -m "not integration and not slow"
+INTEGRATION_TIER = tests --ignore=tests/test_corpus.py -m "integration or slow"
 
 test:
 	@PY="$$($(BOOTSTRAP) main)"; rc=0; \

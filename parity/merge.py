@@ -137,11 +137,10 @@ def merge_reports(dirs: Sequence[str], out: str, *, junit: Optional[str] = None)
     write_manifest(out, shard=None, units=units, ran=units, suite=manifests[0]["suite"],
                    parts=manifests[0]["parts"])
     if junit:
-        from .public.suite import part_path
         if main is not None:
             report.write_junit(main, junit)
         if public is not None:
-            report.write_junit(public, part_path(junit, "public"))
+            report.write_junit(public, report.part_path(junit, "public"))
     return {"main": main, "public": public, "generated": generated, "parts": manifests[0]["parts"], "units": units}
 
 

@@ -31,6 +31,12 @@ def replay_command(directory: str) -> str:
     return f"{shlex.quote(sys.executable)} -m parity replay {shlex.quote(target)}"
 
 
+def part_path(path: str, part: str) -> str:
+    """``out/junit.xml`` -> ``out/junit-public.xml``: one JUnit file per suite part."""
+    root, ext = os.path.splitext(path)
+    return f"{root}-{part}{ext or '.xml'}"
+
+
 def format_location(row) -> str:
     """``"row=3 pos=7 req=1 col=4 pool=1"``-style text of a finding's non-null location columns
     (cache findings: ``page=.. row=.. ch=..``; ring: ``block=.. plane=.. slot=.. ch=..``)."""

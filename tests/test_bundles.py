@@ -110,6 +110,7 @@ def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path, device):
     assert proc.returncode == 1 and "not reproduced" in proc.stdout, proc.stdout
 
 
+@pytest.mark.integration
 def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path, device):
     """End to end on the real kernels: a planted kernel fault fails the run, the failure message
     names the replay command, and the replay in another process reproduces the findings."""
@@ -131,6 +132,7 @@ def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path, device):
     assert proc.returncode == 0 and "reproduced:" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_record_writes_a_bundle_for_a_passing_case(tmp_path, device):
     from parity.cli import main
     from kpool.platform import resolve_device
@@ -156,6 +158,7 @@ def test_bundle_name_and_unknown_format(tmp_path):
         bundle.load_bundle(str(tmp_path / "missing"))
 
 
+@pytest.mark.integration
 def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device):
     """A damaged file or a kernel spec outside this checkout: exit 2 with the reason, no traceback,
     nothing run."""
@@ -220,6 +223,7 @@ def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device)
     assert main(["replay", damaged("own-module", set_kernel("tests.test_reports:planted_fault"))]) in (0, 1)
 
 
+@pytest.mark.integration
 def test_replay_checks_a_fix_with_another_kernel(tmp_path, capsys, device):
     """``replay --kernel kpool --expect pass`` checks a fix against a recorded failure; the exit
     code answers the question asked, and the output names the kernel and the recorded one."""

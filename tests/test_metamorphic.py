@@ -124,6 +124,7 @@ def test_unknown_relation_and_inapplicable_steps(device):
     assert len(df) == 0
 
 
+@pytest.mark.integration
 def test_cli_metamorphic_option(tmp_path, device):
     """``python -m parity run --metamorphic RELATION`` adds the relation's rows to the results."""
     import json

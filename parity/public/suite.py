@@ -12,12 +12,6 @@ from cases.public import PUBLIC_CASES
 from ..commands import EXIT_FAIL, EXIT_OK
 
 
-def part_path(path: str, part: str) -> str:
-    """``out/junit.xml`` -> ``out/junit-public.xml``: one file per suite part."""
-    root, ext = os.path.splitext(path)
-    return f"{root}-{part}{ext or '.xml'}"
-
-
 def run_public_suite(args, device: str, console, *, cids: Sequence[str], kernel_forward=None, counts=None) -> int:
     """Run the public cases ``cids`` (:data:`cases.public.PUBLIC_CASES` ids) on ``kernel_forward``
     (default: the production kernels): harness findings plus stated-value checks. ``--report
@@ -54,5 +48,5 @@ def run_public_suite(args, device: str, console, *, cids: Sequence[str], kernel_
         paths = report.write_report(df, os.path.join(args.report, "public"), wall_s=wall)
         console.print(escape(f"public report: {', '.join(paths.values())}"))
     if getattr(args, "junit", None):
-        console.print(escape(f"public junit: {report.write_junit(df, part_path(args.junit, 'public'))}"))
+        console.print(escape(f"public junit: {report.write_junit(df, report.part_path(args.junit, 'public'))}"))
     return EXIT_FAIL if summary["failures"] else EXIT_OK
