@@ -44,18 +44,21 @@ BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) --size $(BENCH_SIZE)
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS    ?= -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: help bootstrap parity test bench ascend-interp-env test-ascend-interp clean
+.PHONY: help bootstrap parity test test-unit test-integration bench ascend-interp-env test-ascend-interp clean
 
 help:
 	@echo "make parity   - Triton kernels vs PyTorch reference: corpus of shrunk failures first, seed"
 	@echo "                scenarios, public cases C01..C31, a generated budget with coverage (SUITE=all)"
 	@echo "                (DEVICE=npu|cuda|cpu SIZE=$(SIZE) SUITE=all|corpus|seed|public|generated"
 	@echo "                 PROFILE=ci|dev|device|nightly KERNEL=kpool|mutant:NAME|module:function"
-	@echo "                 SEED= JOBS= REPORT=DIR JUNIT=FILE PARITY_EXTRA='more flags')"
+	@echo "                 SEED= JOBS= REPORT=DIR JUNIT=FILE PARITY_EXTRA='more flags', e.g. '--shard 0/4';"
+	@echo "                 python -m parity merge DIR... combines the shards' reports)"
 	@echo "                A run writes only under REPORT (default ./parity-out): shrunk failures in"
 	@echo "                corpus-candidates/ (promote: python -m parity corpus add PATH), bundles/"
-	@echo "make test     - corpus replay, then unit tests with the ci hypothesis profile"
-	@echo "                (HYPOTHESIS_PROFILE=ci; PYTEST_ARGS='$(PYTEST_ARGS)')"
+	@echo "make test     - corpus replay, then the unit tier, then the integration tier (hypothesis searches,"
+	@echo "                CLI runs, multi-worker runs, GLM-size tests): three pytest runs, all must pass; ci hypothesis"
+	@echo "                profile (HYPOTHESIS_PROFILE=ci; PYTEST_ARGS='$(PYTEST_ARGS)'); make test-unit /"
+	@echo "                make test-integration run one tier"
 	@echo "make bench    - benchmarks"
 	@echo "make test-ascend-interp - interpreter_ok tests + small parity run on triton-ascend"
 	@echo "                under TRITON_INTERPRET=1 (CPU); fails if no test is marked interpreter_ok"
@@ -71,12 +74,28 @@ parity:
 	echo "[make] $$PY -m parity run $(strip $(PARITY_FLAGS))" >&2; \
 	"$$PY" -m parity run $(strip $(PARITY_FLAGS))
 
-# The corpus of shrunk failures is replayed first; then everything else (ci hypothesis profile
-# unless HYPOTHESIS_PROFILE says otherwise).
+# Two tiers (ci hypothesis profile unless HYPOTHESIS_PROFILE says otherwise): the corpus of
+# shrunk failures is replayed first, then the unit tier, then the integration tier (hypothesis
+# searches, CLI runs, multi-worker runs: marker `integration`; GLM-size tests: marker `slow`),
+# each its own pytest invocation; every one runs and all must pass.
+UNIT_TIER        = tests --ignore=tests/test_corpus.py -m "not integration and not slow"
+INTEGRATION_TIER = tests --ignore=tests/test_corpus.py -m "integration or slow"
+
 test:
+	@PY="$$($(BOOTSTRAP) main)"; rc=0; \
+	$(RUN_PYTEST) "$$PY" tests/test_corpus.py || rc=1; \
+	echo "[make] unit tier" >&2; SECONDS=0; \
+	$(RUN_PYTEST) "$$PY" $(PYTEST_ARGS) $(UNIT_TIER) || rc=1; \
+	echo "[make] unit tier: $${SECONDS} s" >&2; echo "[make] integration tier" >&2; SECONDS=0; \
+	$(RUN_PYTEST) "$$PY" $(PYTEST_ARGS) $(INTEGRATION_TIER) || rc=1; \
+	echo "[make] integration tier: $${SECONDS} s" >&2; exit $$rc
+
+test-unit:
 	@PY="$$($(BOOTSTRAP) main)"; \
-	$(RUN_PYTEST) "$$PY" tests/test_corpus.py && \
-	$(RUN_PYTEST) "$$PY" $(PYTEST_ARGS) tests --ignore=tests/test_corpus.py
+	$(RUN_PYTEST) "$$PY" tests/test_corpus.py && $(RUN_PYTEST) "$$PY" $(PYTEST_ARGS) $(UNIT_TIER)
+
+test-integration:
+	@PY="$$($(BOOTSTRAP) main)"; $(RUN_PYTEST) "$$PY" $(PYTEST_ARGS) $(INTEGRATION_TIER)
 
 bench:
 	@PY="$$($(BOOTSTRAP) main)"; \

@@ -2,7 +2,10 @@
 
 The device is resolved once, before any test module imports a kernel: ``--device`` (or
 ``KPOOL_DEVICE``) in {auto, npu, cuda, cpu}; ``cpu`` turns on the Triton interpreter. Markers
-``cuda``/``npu``/``cpu`` skip tests meant for another device; ``slow`` marks GLM-size tests.
+``cuda``/``npu``/``cpu`` skip tests meant for another device; ``slow`` marks GLM-size tests;
+``integration`` marks hypothesis searches, end-to-end CLI runs (subprocesses and in-process
+``python -m parity run/record/replay``) and multi-worker runs: ``make test`` runs the unit tier
+(``-m "not integration and not slow"``), then the integration tier (``-m "integration or slow"``).
 Hypothesis profiles come from :mod:`cases.profiles` (``HYPOTHESIS_PROFILE`` selects one, default
 ``ci``); the ``warm_kernels`` fixture runs every kernel once before the generated tests.
 """
@@ -26,7 +29,9 @@ def pytest_configure(config):
     for marker, text in (("slow", "GLM-5.3-Flash-size or otherwise long test"),
                          ("cuda", "needs the CUDA device"), ("npu", "needs an Ascend NPU"),
                          ("cpu", "runs only under the CPU interpreter"),
-                         ("interpreter_ok", "kernel parity test that also runs under triton-ascend's interpreter")):
+                         ("interpreter_ok", "kernel parity test that also runs under triton-ascend's interpreter"),
+                         ("integration", "hypothesis search, end-to-end CLI run or multi-worker run: the second "
+                                         "tier of make test (with the slow tests)")):
         config.addinivalue_line("markers", f"{marker}: {text}")
     # Hypothesis profiles ci/dev/device/nightly live in cases/profiles.py (shared with
     # `python -m parity run --suite generated`); HYPOTHESIS_PROFILE selects one, default ci.
@@ -61,9 +66,9 @@ def torch_device(device):
 @pytest.fixture(scope="session")
 def warm_kernels(device):
     """Run every kernel once on the session device before the generated tests
-    (:func:`cases.profiles.warm_kernels`); returns its :class:`cases.profiles.WarmUp`, which
-    must have passed."""
-    from cases.profiles import warm_kernels as warm
+    (:func:`parity.generated.warm_kernels`); returns its :class:`parity.generated.WarmUp`,
+    which must have passed."""
+    from parity.generated import warm_kernels as warm
     done = warm(device)
     assert done.ok, [res.failures for _, res in done.failed]
     return done

@@ -4,12 +4,12 @@ sequence of steps over persistent caches).
 
 An entry is two files in :data:`CORPUS_DIR` (or any directory):
 
-* ``<name>.json``: the human-readable case: configuration, cache geometry, and per step the
-  requests (``[cached_len, query_len, block_table, ring_block]``), FULL-mode flags, output buffer,
-  metadata patch, expected error, prefix-cache forks and how the values were generated, plus provenance (``found_by``,
-  ``fault``: what was wrong, ``note``) and ``expect``: ``"pass"`` (the replay must pass with the
-  production kernels) or ``"fail:<mutant>"`` entries that document a planted fault (replayed
-  with that mutant, they must still fail; with the real kernels they must pass).
+* ``<name>.json``: the human-readable case (:func:`cases.serialize.case_to_json`: configuration,
+  cache geometry, and per step the requests, FULL-mode flags, output buffer, metadata patch,
+  expected error, prefix-cache forks and how the values were generated), plus provenance
+  (``found_by``, ``fault``: what was wrong, ``note``) and ``expect``: ``"pass"`` (the replay must
+  pass with the production kernels) or ``"fail:<mutant>"`` entries that document a planted fault
+  (replayed with that mutant, they must still fail; with the real kernels they must pass).
 * ``<name>.pt``: the exact tensors: the APE and every step's ``k``, ``gate``, ``q``, ``weights``
   (so a replay never depends on today's generators).
 """
@@ -18,98 +18,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 import torch
 
-from kpool.config import KPoolConfig
-from kpool.metadata import BatchSpec, RequestSpec
-
-from .patches import MetadataPatch
-from .spec import Case, CacheGeometry, OutputBufferSpec, Step
+from .serialize import FORMAT, case_from_json, case_to_json
+from .spec import Case
 
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
-FORMAT = 1
-
-
-class SavedInputs:
-    """``Step.inputs`` callable returning stored tensors (fresh copies each call), for the corpus
-    and the repro bundles (:mod:`parity.bundle`).
-
-    A metamorphic relation may ask for the same live rows under more FULL-mode padding rows
-    (``metadata.num_tokens`` above the stored row count, the live rows unchanged): the extra rows
-    get the large padding garbage of :mod:`cases.values`, as a generator would give them.
-
-    Raises (on call):
-        ValueError: the metadata needs fewer rows than stored, or more live rows than stored.
-    """
-
-    def __init__(self, tensors: dict):
-        self.tensors = tensors
-
-    def __call__(self, case, step, metadata) -> dict:
-        out = {n: t.clone() for n, t in self.tensors.items()}
-        stored = next(iter(out.values())).shape[0] if out else 0
-        T, t_live = int(metadata.num_tokens), int(metadata.num_live_tokens)
-        if T == stored or not out:
-            return out
-        if T < stored or t_live > stored:
-            raise ValueError(f"step {step.name}: the stored inputs have {stored} rows, the metadata needs "
-                             f"{T} ({t_live} live)")
-        from .values import PAD_GATE, PAD_K, PAD_Q, PAD_W
-        fill = {"k": PAD_K, "gate": PAD_GATE, "q": PAD_Q, "weights": PAD_W}
-        return {n: torch.cat([t, torch.full((T - stored, *t.shape[1:]), fill.get(n, 0.0), dtype=t.dtype)])
-                for n, t in out.items()}
-
-
-def _error_name(exc_type) -> Optional[str]:
-    return None if exc_type is None else exc_type.__name__
-
-
-def _error_type(name: Optional[str]):
-    if name is None:
-        return None
-    import kpool.errors as errors
-    return getattr(errors, name)
-
-
-def case_to_json(case: Case, **info) -> Tuple[dict, dict]:
-    """Serialise ``case``: ``(json dict, tensor dict)``. Inputs are materialised per step.
-
-    Raises:
-        ValueError: a step's ``patch_metadata`` is not a :class:`cases.patches.MetadataPatch`.
-    """
-    from .scenarios import step_metadata
-    from .values import case_ape, make_inputs
-
-    steps, tensors = [], {"ape": case_ape(case).clone(), "inputs": []}
-    for step in case.steps:
-        if step.patch_metadata is not None and not isinstance(step.patch_metadata, MetadataPatch):
-            raise ValueError(f"step {step.name}: patch {step.patch_metadata!r} is not serialisable")
-        b = step.batch
-        steps.append({
-            "name": step.name,
-            "request_ids": list(step.request_ids),
-            "requests": [[r.cached_len, r.query_len, list(r.block_table), r.ring_block] for r in b.requests],
-            "num_tokens": b.num_tokens, "full_mode": b.full_mode, "num_padded_requests": b.num_padded_requests,
-            "block_table_width": b.block_table_width, "stale_tail_slots": b.stale_tail_slots,
-            "compute_topk": step.compute_topk, "seed": step.seed,
-            "output_buffer": asdict(step.output_buffer) if step.output_buffer else None,
-            "patch": step.patch_metadata.to_json() if step.patch_metadata is not None else None,
-            "expect_error": _error_name(step.expect_error),
-            "forks": [list(f) for f in step.forks],
-            "max_score_rows": step.max_score_rows,
-            # how the tensors in the .pt were generated (informational: replays read the tensors)
-            "values": step.inputs.to_json() if hasattr(step.inputs, "to_json") else None,
-        })
-        meta = step_metadata(case, step)
-        tensors["inputs"].append({n: t.clone() for n, t in make_inputs(case, step, meta).items()})
-    doc = {"format": FORMAT, "name": case.name, "size": case.size, "description": case.description,
-           "tags": list(case.tags), **info, "config": asdict(case.config), "geometry": asdict(case.geometry),
-           "values": case.values, "seed": case.seed, "steps": steps}
-    return doc, tensors
 
 
 def _dumps(obj, indent: int = 0, width: int = 100) -> str:
@@ -137,7 +54,7 @@ def save_case(case: Case, directory, *, name: Optional[str] = None, **info) -> P
         case: the case (inputs are materialised now).
         directory: target directory, always given: a run saves into its own output directory
             (``corpus-candidates``); only ``python -m parity corpus add`` and ``python -m
-            cases.grow`` write :data:`CORPUS_DIR`.
+            parity.generated.grow`` write :data:`CORPUS_DIR`.
         name: entry name (default ``case.name``).
         info: provenance fields (``found_by``, ``fault``, ``note``, ``expect``...).
     Returns:
@@ -167,23 +84,7 @@ def load_case(path) -> Tuple[Case, dict]:
     if doc.get("format") != FORMAT:
         raise ValueError(f"{path}: corpus format {doc.get('format')!r}, expected {FORMAT}")
     tensors = torch.load(path.with_suffix(".pt"), weights_only=True)
-    steps = []
-    for s, inputs in zip(doc["steps"], tensors["inputs"]):
-        batch = BatchSpec([RequestSpec(c, q, list(bt), ring) for c, q, bt, ring in s["requests"]],
-                          num_tokens=s["num_tokens"], full_mode=s["full_mode"],
-                          num_padded_requests=s["num_padded_requests"], block_table_width=s["block_table_width"],
-                          stale_tail_slots=s["stale_tail_slots"])
-        steps.append(Step(
-            name=s["name"], batch=batch, request_ids=list(s["request_ids"]), compute_topk=s["compute_topk"],
-            output_buffer=OutputBufferSpec(**s["output_buffer"]) if s["output_buffer"] else None,
-            seed=s["seed"], inputs=SavedInputs(inputs),
-            patch_metadata=MetadataPatch.from_json(s["patch"]) if s["patch"] else None,
-            expect_error=_error_type(s["expect_error"]), forks=tuple(tuple(f) for f in s["forks"]),
-            max_score_rows=s.get("max_score_rows")))
-    case = Case(name=doc["name"], size=doc["size"], config=KPoolConfig(**doc["config"]),
-                geometry=CacheGeometry(**doc["geometry"]), steps=steps, ape=tensors["ape"], seed=doc["seed"],
-                values=doc["values"], description=doc.get("description", ""), tags=tuple(doc.get("tags", ())))
-    return case, doc
+    return case_from_json(doc, tensors), doc
 
 
 def entries(directory=CORPUS_DIR) -> List[Path]:

@@ -10,7 +10,7 @@ Cost model (the kernels run under the Triton interpreter and the reference score
 row): long GLM contexts are mostly built by a ``compute_topk=False`` step (compression and ring
 writes only, no scoring), and the scored rows sit on top as short chunks and decodes. Two long
 prefills are scored: ``prefill-tail``'s multi-request prefill (2128 rows) and ``prefill-topk``'s
-first chunk (2043 rows). :func:`case_stats` reports the row counts.
+first chunk (2043 rows). :func:`parity.coverage.case_stats` reports the row counts.
 
 Layout rules every case follows (kpool-algorithm.md §9 items 7-8):
 
@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from kpool.config import GLM53_FLASH, SMALL, KPoolConfig
-from kpool.metadata import BatchSpec, KPoolMetadata, RequestSpec, build_metadata
+from kpool.metadata import BatchSpec, RequestSpec
 
 from .spec import Case, CacheGeometry, OutputBufferSpec, Step
 
@@ -280,8 +280,10 @@ SCENARIOS: Dict[str, Callable[[str], Case]] = {
     "prefill-topk": prefill_topk,
     "full-padding": full_padding,
     "cache-only": cache_only,
+    "prefill-topk-no-tail": lambda size: without_tail(prefill_topk(size)),
 }
-"""Scenario name -> ``fn(size) -> Case``."""
+"""Scenario name -> ``fn(size) -> Case``. ``prefill-topk-no-tail`` is HF's second mode
+(``always_select_tail=False``, rows of width ``K_tok``, kpool-algorithm.md §10)."""
 
 
 def without_tail(case: Case) -> Case:
@@ -301,65 +303,3 @@ def seed_cases(sizes: Sequence[str] = SIZES) -> List[Case]:
         ValueError: unknown size.
     """
     return [fn(size) for size in sizes for fn in SCENARIOS.values()]
-
-
-# ---- helpers for the harness and reports ----------------------------------------------------
-
-def step_metadata(case: Case, step: Step, device="cpu") -> KPoolMetadata:
-    """Build a step's metadata with the case's geometry (then ``step.patch_metadata`` if set).
-
-    Returns:
-        :class:`kpool.metadata.KPoolMetadata`.
-
-    Raises:
-        kpool.errors.KPoolMetadataError: from :func:`kpool.metadata.build_metadata`.
-    """
-    meta = build_metadata(step.batch, index_kpool=case.config.index_kpool,
-                          ring_capacity=case.config.ring_capacity, page_size=case.geometry.page_size,
-                          device=device)
-    if step.patch_metadata is not None:
-        meta = step.patch_metadata(meta)
-    return meta
-
-
-def visible_pools(metadata: KPoolMetadata, index_kpool: int) -> torch.Tensor:
-    """Visible pool count of every live row: ``min((p + 1) // P, seq_lens[r])`` (kpool-algorithm.md §4.1).
-
-    Returns:
-        int64 ``[T_live]``.
-    """
-    from .values import row_requests
-    T_live = metadata.num_live_tokens
-    pos = metadata.positions[:T_live].to("cpu", torch.int64)
-    req = row_requests(metadata)[:T_live]
-    seq = metadata.seq_lens.to("cpu", torch.int64)
-    return torch.minimum((pos + 1) // index_kpool, seq[req]) if T_live else pos
-
-
-def case_stats(case: Case) -> dict:
-    """Cost figures of a case, for budgeting interpreter runs.
-
-    Returns:
-        dict with ``rows`` (all rows, padding included), ``live_rows``, ``scored_rows``
-        (live rows of ``compute_topk`` steps), ``scored_pairs`` (sum of visible pools over scored
-        rows: the reference's scoring work), ``kernel_cells`` (``T * max_pool_seq_len`` summed over
-        scored steps: the score scratch the kernel fills), ``compressed_pools`` (rows completing a
-        pool), ``max_visible`` and ``rows_above_kpool`` (scored rows with visible > K_pool).
-    """
-    P, K = case.config.index_kpool, case.config.topk_pools
-    out = dict(rows=0, live_rows=0, scored_rows=0, scored_pairs=0, kernel_cells=0, compressed_pools=0,
-               max_visible=0, rows_above_kpool=0)
-    for step in case.steps:
-        meta = step_metadata(case, step)
-        vis = visible_pools(meta, P)
-        out["rows"] += meta.num_tokens
-        out["live_rows"] += meta.num_live_tokens
-        out["compressed_pools"] += int((meta.slot_mapping >= 0).sum())
-        if step.compute_topk:
-            out["scored_rows"] += meta.num_live_tokens
-            out["scored_pairs"] += int(vis.sum())
-            out["kernel_cells"] += meta.num_tokens * meta.max_pool_seq_len
-            if vis.numel():
-                out["max_visible"] = max(out["max_visible"], int(vis.max()))
-                out["rows_above_kpool"] += int((vis > K).sum())
-    return out

@@ -37,7 +37,7 @@ C17   FULL replays: padding rows with -1 or stale positive ring slots, padded re
 C19   consecutive FULL replays whose block tables and ring blocks change (reuse after finish)
 C21   MTP verify with partial acceptance then replay (``C = P + spec``; ``undersized_ring``
       plants the configuration fault the oracle must catch)
-C23   permuted request order every step; determinism re-runs (``cases.generated``)
+C23   permuted request order every step; determinism re-runs (``parity.generated``)
 C25   ``near-ties`` family; random gate/APE pooling
 C27   every few examples the kernel runs twice and must repeat every bit
 C29   visible counts below, at and above K_pool; K_pool up to 8 in the nightly profile

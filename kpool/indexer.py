@@ -20,7 +20,7 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
             raw_seq_lens, seq_lens, block_table, slot_mapping, tail_block_table, tail_slot_mapping,
             max_pool_seq_len: int, index_topk: int, index_kpool: int, score_mode: str = "relu",
             pack_tail: bool = True, compute_topk: bool = True, output_buffer=None,
-            validate: bool = True, max_score_rows: int | None = None):
+            validate: bool = True, max_score_rows: int | None = None, always_select_tail: bool = True):
     """One KPool indexer forward on the production Triton kernels.
 
     Args (shapes as in :func:`kpool.validation.validate_forward`):
@@ -44,6 +44,9 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
             valid metadata: the kernels still skip out-of-range slots and ring blocks, but trust
             ``cum_query_lens`` and ``positions`` to lie within the tensors.
         max_score_rows: force token chunking of the score scratch (results are chunk-invariant).
+        always_select_tail: append the causal tail (default, every serving implementation);
+            ``False`` is HF's ``index_kpool_always_select_tail=False`` (kpool-algorithm.md §10):
+            history columns only, ``W = K_tok``.
 
     Launches: compression, ring write, then per score chunk (one for scratch-sized batches)
     the decode and the prefill score kernels and ``torch.topk``, then the expansion.
@@ -66,8 +69,9 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
             slot_mapping=slot_mapping, tail_block_table=tail_block_table,
             tail_slot_mapping=tail_slot_mapping, max_pool_seq_len=max_pool_seq_len,
             index_topk=index_topk, index_kpool=P, score_mode=score_mode, compute_topk=compute_topk,
-            pack_tail=pack_tail, output_buffer=output_buffer)
-    W = index_topk + P - 1      # after validation: a non-int index_topk is a named error, not a TypeError
+            pack_tail=pack_tail, output_buffer=output_buffer, always_select_tail=always_select_tail)
+    # after validation: a non-int index_topk is a named error, not a TypeError
+    W = index_topk + (P - 1 if always_select_tail else 0)
     from .ops import compress as compress_ops
     from .ops import indexer as indexer_ops
     from .ops.plan import score_scratch_rows
@@ -100,7 +104,7 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
             indexer_ops.select_topk(keys, selected, out=(top_keys[row_start:row_start + n], top_index[:n]))
     indexer_ops.expand_indices(
         top_keys=top_keys, positions=positions, cum_query_lens=cum_query_lens, index_topk=index_topk,
-        index_kpool=P, pack_tail=pack_tail, out=out)
+        index_kpool=P, pack_tail=pack_tail, out=out, always_select_tail=always_select_tail)
     return out[:, :W].unsqueeze(1)
 
 

@@ -36,7 +36,8 @@ def _shape(name: str, t: torch.Tensor, shape: tuple) -> None:
         reject("shape", f"{name} must have shape {want}, got {list(t.shape)}")
 
 
-def _check_scalars(*, index_kpool, index_topk, score_mode, compute_topk, pack_tail, max_pool_seq_len) -> None:
+def _check_scalars(*, index_kpool, index_topk, score_mode, compute_topk, pack_tail, max_pool_seq_len,
+                   always_select_tail=True) -> None:
     """Python scalars: the kernels receive them as they are, so ints must be Python ints."""
     P = as_int("index_kpool", index_kpool, python_only=True)
     if P < 1:
@@ -49,6 +50,7 @@ def _check_scalars(*, index_kpool, index_topk, score_mode, compute_topk, pack_ta
         reject("score-mode", f"score_mode must be one of {SCORE_MODES}, got {score_mode!r}")
     as_bool("compute_topk", compute_topk)
     as_bool("pack_tail", pack_tail)
+    as_bool("always_select_tail", always_select_tail)
     as_int("max_pool_seq_len", max_pool_seq_len, python_only=True)
 
 
@@ -67,11 +69,13 @@ def _check_output_buffer(output_buffer, T: int, W: int) -> None:
 def validate_forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions,
                      cum_query_lens, raw_seq_lens, seq_lens, block_table, slot_mapping,
                      tail_block_table, tail_slot_mapping, max_pool_seq_len, index_topk,
-                     index_kpool, score_mode, compute_topk, output_buffer, pack_tail=True) -> int:
+                     index_kpool, score_mode, compute_topk, output_buffer, pack_tail=True,
+                     always_select_tail=True) -> int:
     """Check every tensor and metadata value of a forward.
 
     Shapes (``T`` rows, ``R`` requests, ``M`` pages per request, ``N`` pages, ``B`` pools per
-    page, ``C`` ring rows, ``H`` heads, ``D`` head dim, ``P`` pool size, ``W = K_tok + P - 1``):
+    page, ``C`` ring rows, ``H`` heads, ``D`` head dim, ``P`` pool size, ``W = K_tok + P - 1``, or
+    ``K_tok`` with ``always_select_tail=False``):
     k, gate fp32 ``[T, D]``; q bf16 ``[T, H, D]`` and weights fp32/bf16 ``[T, H]`` (only when
     ``compute_topk``); ape fp32 ``[P, D]``; compressed_cache bf16 ``[N, B, 1, D]``; tail_cache fp32
     ``[blocks, 2, C >= P, D]``; positions int64 ``[T]``; cum_query_lens, raw_seq_lens, seq_lens int32
@@ -105,7 +109,8 @@ def validate_forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, 
         (the rule of each: :data:`kpool.rules.RULES`).
     """
     _check_scalars(index_kpool=index_kpool, index_topk=index_topk, score_mode=score_mode,
-                   compute_topk=compute_topk, pack_tail=pack_tail, max_pool_seq_len=max_pool_seq_len)
+                   compute_topk=compute_topk, pack_tail=pack_tail, max_pool_seq_len=max_pool_seq_len,
+                   always_select_tail=always_select_tail)
     P = index_kpool
     _dtype("compressed_cache", compressed_cache, torch.bfloat16)
     _dtype("tail_cache", tail_cache, torch.float32)
@@ -160,7 +165,7 @@ def validate_forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, 
             reject("q-heads", "q needs at least one head")
         read.update(q=q, weights=weights)
         if output_buffer is not None:
-            _check_output_buffer(output_buffer, T, index_topk + P - 1)
+            _check_output_buffer(output_buffer, T, index_topk + (P - 1 if always_select_tail else 0))
             written["output_buffer"] = output_buffer[:T]
     devices = {t.device for t in (*read.values(), *written.values())}
     if len(devices) != 1:

@@ -3,9 +3,9 @@
 A bundle holds everything needed to rerun a case bit for bit in a fresh process on any device,
 without the code that generated it:
 
-* ``case.json``: the case (config, cache geometry, every step's batch, flags and seeds), the run
-  options (:class:`parity.session.RunOptions`: mode, repeat, oracle, kernel spec) and the replay
-  command;
+* ``case.json``: the case as :func:`cases.serialize.case_to_json` writes it (the corpus's format:
+  config, cache geometry, every step's batch, flags and seeds), the run options
+  (:class:`parity.session.RunOptions`: mode, repeat, oracle, kernel spec) and the replay command;
 * ``inputs.pt``: the APE and, per step, the exact metadata tensors both sides saw (after any
   ``patch_metadata``) and the input tensors ``k, gate, q, weights``;
 * ``outputs.pt``: both sides' outputs (index rows, cache and output-buffer bytes) after the failing
@@ -21,11 +21,9 @@ one; :mod:`parity.bundle_checks` refuses fields a replay must not run.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
-import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -34,9 +32,14 @@ from typing import Optional
 import pandas as pd
 import torch
 
-from . import compare as cmp
+from cases.serialize import case_from_json, case_to_json
 
-BUNDLE_FORMAT = 1
+from . import compare as cmp
+from .report import replay_command  # noqa: F401 (part of the bundle's API: the command a bundle prints)
+
+BUNDLE_FORMAT = 2
+"""2: ``case.json``'s case and ``inputs.pt`` are :mod:`cases.serialize`'s (the corpus's format,
+plus every step's metadata tensors); 1 had a bundle-only layout."""
 COMPARE_COLUMNS = ("case", "size", "step", "output", "verdict", "mismatches",
                    *[c for c in cmp.LOCATION_COLUMNS if c not in ("kernel", "program_id")])
 """Columns that must agree for a replay to reproduce a bundle. Program ids depend on the
@@ -109,122 +112,12 @@ def environment(device: str) -> dict:
     return env
 
 
-# --------------------------------------------------------------------------- case <-> json
-
-def _batch_dict(batch) -> dict:
-    return {"requests": [{"cached_len": r.cached_len, "query_len": r.query_len,
-                          "block_table": [int(b) for b in r.block_table], "ring_block": r.ring_block}
-                         for r in batch.requests],
-            "num_tokens": batch.num_tokens, "full_mode": batch.full_mode,
-            "num_padded_requests": batch.num_padded_requests, "block_table_width": batch.block_table_width,
-            "stale_tail_slots": batch.stale_tail_slots}
-
-
-def case_to_dict(case) -> dict:
-    """JSON-able description of a :class:`cases.spec.Case` (tensors and callables excluded: the
-    bundle stores their *results*, ``inputs.pt``)."""
-    return {
-        "name": case.name, "size": case.size, "case_id": case.case_id, "seed": case.seed,
-        "values": case.values, "description": case.description, "tags": list(case.tags),
-        "config": dataclasses.asdict(case.config), "geometry": dataclasses.asdict(case.geometry),
-        "steps": [{"name": s.name, "batch": _batch_dict(s.batch), "request_ids": list(s.request_ids),
-                   "compute_topk": s.compute_topk, "seed": s.seed,
-                   "output_buffer": dataclasses.asdict(s.output_buffer) if s.output_buffer else None,
-                   "expect_error": s.expect_error.__name__ if s.expect_error else None,
-                   "explicit_inputs": s.inputs is not None, "patched_metadata": s.patch_metadata is not None,
-                   "forks": [list(f) for f in s.forks], "max_score_rows": s.max_score_rows}
-                  for s in case.steps],
-    }
-
-
-def _error_class(name: Optional[str]):
-    if name is None:
-        return None
-    import builtins
-
-    from kpool import errors
-    cls = getattr(errors, name, None) or getattr(builtins, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-        raise ValueError(f"unknown exception class {name!r} in bundle")
-    return cls
-
-
-class _SavedMetadata:
-    """``Step.patch_metadata``: the recorded metadata, whatever the builder produced.
-
-    ``from_builder`` says the recorded step had no patch of its own (its metadata is the
-    builder's), so the metamorphic relations, which rebuild variants with the builder, still
-    apply to it on replay (:func:`parity.metamorphic._plain`)."""
-
-    def __init__(self, saved: dict, from_builder: bool = False):
-        self.saved = saved
-        self.from_builder = from_builder
-
-    def __call__(self, meta):
-        from kpool.metadata import KPoolMetadata
-        tensors = {k: v.clone() for k, v in self.saved.items() if isinstance(v, torch.Tensor)}
-        return KPoolMetadata(max_pool_seq_len=int(self.saved["max_pool_seq_len"]),
-                             num_live_tokens=int(self.saved["num_live_tokens"]), **tensors)
-
-
-def case_from_bundle(data: dict, tensors: dict):
-    """Rebuild a :class:`cases.spec.Case` from ``case.json`` and ``inputs.pt``: every step's
-    inputs and metadata are the recorded tensors."""
-    from cases.corpus import SavedInputs
-    from cases.spec import CacheGeometry, Case, OutputBufferSpec, Step
-    from kpool.config import KPoolConfig
-    from kpool.metadata import BatchSpec, RequestSpec
-    steps = []
-    for s, saved in zip(data["steps"], tensors["steps"]):
-        b = s["batch"]
-        batch = BatchSpec([RequestSpec(**r) for r in b["requests"]],
-                          **{k: v for k, v in b.items() if k != "requests"})
-        steps.append(Step(name=s["name"], batch=batch, request_ids=list(s["request_ids"]),
-                          compute_topk=s["compute_topk"], seed=s["seed"],
-                          output_buffer=OutputBufferSpec(**s["output_buffer"]) if s["output_buffer"] else None,
-                          inputs=SavedInputs(saved["inputs"]) if saved.get("inputs") is not None else None,
-                          patch_metadata=_SavedMetadata(saved["meta"], not s.get("patched_metadata", True))
-                          if saved.get("meta") is not None else None,
-                          expect_error=_error_class(s["expect_error"]),
-                          forks=tuple(tuple(f) for f in s.get("forks", ())),
-                          max_score_rows=s.get("max_score_rows")))
-    return Case(name=data["name"], size=data["size"], config=KPoolConfig(**data["config"]),
-                geometry=CacheGeometry(**data["geometry"]), steps=steps, ape=tensors["ape"],
-                seed=data["seed"], values=data["values"], description=data["description"],
-                tags=tuple(data["tags"]))
-
-
-def _step_tensors(case, step) -> dict:
-    """Metadata and inputs of one step, exactly as the runner builds them (on the CPU)."""
-    from cases.values import make_inputs
-    from kpool.metadata import build_metadata
-    try:
-        meta = build_metadata(step.batch, index_kpool=case.config.index_kpool,
-                              ring_capacity=case.config.ring_capacity, page_size=case.geometry.page_size)
-        if step.patch_metadata is not None:
-            meta = step.patch_metadata(meta)
-        inputs = make_inputs(case, step, meta)
-    except Exception:   # a setup failure is itself the finding; replay rebuilds and fails alike
-        return {"meta": None, "inputs": None}
-    saved = {k: v.detach().cpu().clone() for k, v in meta.tensors().items()}
-    saved.update(max_pool_seq_len=int(meta.max_pool_seq_len), num_live_tokens=int(meta.num_live_tokens))
-    return {"meta": saved, "inputs": {k: v.detach().cpu().clone() for k, v in inputs.items() if v is not None}}
-
-
 # --------------------------------------------------------------------------- write / load
 
 def bundle_name(case) -> str:
     """Directory name of a case's bundle: ``<name>-<size>`` with path-safe characters."""
     import re
     return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{case.name}-{case.size}")
-
-
-def replay_command(directory: str) -> str:
-    """The one-line command that replays a bundle, with this interpreter (a bare ``python`` may
-    not be the one that has torch and the harness)."""
-    import sys
-    target = os.path.abspath(directory)     # works from any directory
-    return f"{shlex.quote(sys.executable)} -m parity replay {shlex.quote(target)}"
 
 
 def write_bundle(result, case, directory: str, *, options, env: Optional[dict] = None) -> str:
@@ -241,21 +134,20 @@ def write_bundle(result, case, directory: str, *, options, env: Optional[dict] =
         ``directory``.
     """
     from . import report
-    from cases.values import case_ape
     if os.path.isdir(directory):
         shutil.rmtree(directory)
     os.makedirs(directory)
     env = env or environment(options.device)
     table = report.results_table(result.findings)
-    data = {"format": BUNDLE_FORMAT, "case": case_to_dict(case), "run": options.to_dict(),
+    doc, tensors = case_to_json(case, with_metadata=True)
+    data = {"format": BUNDLE_FORMAT, "case": doc, "run": options.to_dict(),
             "command": replay_command(directory), "steps_run": result.steps_run,
             "first_divergent_step": result.first_divergent_step, "ok": result.ok}
     with open(os.path.join(directory, "case.json"), "w") as f:
         json.dump(data, f, indent=1)
     with open(os.path.join(directory, "environment.json"), "w") as f:
         json.dump(env, f, indent=1)
-    torch.save({"ape": case_ape(case).detach().cpu().to(torch.float32).clone(),
-                "steps": [_step_tensors(case, s) for s in case.steps]}, os.path.join(directory, "inputs.pt"))
+    torch.save(tensors, os.path.join(directory, "inputs.pt"))
     torch.save({i: o.tensors() for i, o in result.outputs.items()}, os.path.join(directory, "outputs.pt"))
     table.to_csv(os.path.join(directory, "findings.csv"), index=False)
     with open(os.path.join(directory, "findings.json"), "w") as f:
@@ -323,12 +215,12 @@ def load_bundle(directory: str) -> Bundle:
         if not isinstance(env, dict) or not isinstance(records, list):
             raise ValueError("environment.json must hold an object and findings.json a list")
         findings = cmp.findings_frame([{k: v for k, v in r.items() if k in cmp.FINDING_COLUMNS} for r in records])
-        if not isinstance(tensors, dict) or not isinstance(tensors.get("steps"), list):
+        if not isinstance(tensors, dict) or not isinstance(tensors.get("inputs"), list):
             raise ValueError("inputs.pt holds no step list")
         checks.check_run(data.get("run"))
-        checks.check_case(data.get("case"), len(tensors["steps"]))
+        checks.check_case(data.get("case"), len(tensors["inputs"]))
         checks.check_counts(data, outputs, findings)
-        bundle = Bundle(path=directory, case=case_from_bundle(data["case"], tensors),
+        bundle = Bundle(path=directory, case=case_from_json(data["case"], tensors),
                         options=RunOptions.from_dict(data["run"]), findings=findings, environment=env,
                         outputs=outputs, data=data)
     except ValueError:

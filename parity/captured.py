@@ -27,6 +27,7 @@ from typing import Callable, List, Optional
 import torch
 
 from . import compare as cmp
+from .relation_base import OUTPUT_PREFIX, KernelRun, build_meta, compare_runs, is_plain, relation_kwargs
 
 NAME = "captured-replay"
 
@@ -59,20 +60,18 @@ def _sync(dev: torch.device) -> None:
 
 
 def _host(out, caches):
-    from .metamorphic import _Run
-    return _Run(out.detach().cpu().clone() if isinstance(out, torch.Tensor) else None, caches.to("cpu"))
+    return KernelRun(out.detach().cpu().clone() if isinstance(out, torch.Tensor) else None, caches.to("cpu"))
 
 
 def _replays(case, steps, ape, caches, metas, inputs, kernel_forward, dev, T: int, W: int):
     """The two steps through one set of buffers: captured in a graph (device) or called twice
     (interpreter). Returns ``[run of step i, run of step i + 1]`` (host copies)."""
-    from .metamorphic import _kwargs
     work = caches.to(dev)
     meta_buf = metas[0].to(dev).clone()       # (clone: on the CPU ``.to`` aliases the originals)
     in_buf = {k: v.to(dev).clone() for k, v in inputs[0].items()}
     out_buf = torch.full((T, W), -777, dtype=torch.int32, device=dev)
     extra = {"validate": False} if _names_validate(kernel_forward) else {}
-    kw = _kwargs(case, steps[0].compute_topk, meta_buf, in_buf, ape, work, out_buf, dev, **extra)
+    kw = relation_kwargs(case, steps[0].compute_topk, meta_buf, in_buf, ape, work, out_buf, dev, **extra)
     api = _graph_api(dev)
     runs = []
     if api is None:
@@ -108,11 +107,10 @@ def _replays(case, steps, ape, caches, metas, inputs, kernel_forward, dev, T: in
 
 def _fresh(case, steps, ape, caches, metas, inputs, kernel_forward, dev, T: int, W: int):
     """The same two steps with freshly built device tensors for every call (the eager run)."""
-    from .metamorphic import _kwargs
     work = caches.to(dev)
     runs = []
     for step, meta, inp in zip(steps, metas, inputs):
-        out = kernel_forward(**_kwargs(case, step.compute_topk, meta.clone().to(dev), inp, ape, work,
+        out = kernel_forward(**relation_kwargs(case, step.compute_topk, meta.clone().to(dev), inp, ape, work,
                                        torch.full((T, W), -777, dtype=torch.int32, device=dev), dev))
         runs.append(_host(out, work))
     return runs
@@ -124,14 +122,13 @@ def _against_reference(case, state, steps, metas, inputs, runs, what: str) -> Li
     from reference.stateful import forward as reference_forward
 
     from . import certificates as certs
-    from .metamorphic import OUTPUT_PREFIX, _kwargs
     cfg = case.config
     ref_caches = state.caches.clone()
     output = OUTPUT_PREFIX + NAME
     rows = []
     for step, meta, inp, run in zip(steps, metas, inputs, runs):
         T, W = meta.num_tokens, cfg.output_width
-        ref_out = reference_forward(**_kwargs(case, step.compute_topk, meta, inp, state.ape, ref_caches,
+        ref_out = reference_forward(**relation_kwargs(case, step.compute_topk, meta, inp, state.ape, ref_caches,
                                               torch.full((T, W), -777, dtype=torch.int32), "cpu"))
         ctx = None
         if case.values != "exact" and step.compute_topk:
@@ -157,8 +154,7 @@ def captured_replay(state, next_state, *, device, kernel_forward: Callable) -> L
     Applies to consecutive plain steps with the same ``compute_topk``; else no finding."""
     from cases.values import make_inputs
 
-    from .metamorphic import OUTPUT_PREFIX, _build_meta, _compare, _plain
-    if next_state is None or not (_plain(state) and _plain(next_state)) \
+    if next_state is None or not (is_plain(state) and is_plain(next_state)) \
             or state.step.compute_topk != next_state.step.compute_topk:
         return []
     a, b = state.step.batch, next_state.step.batch
@@ -172,7 +168,7 @@ def captured_replay(state, next_state, *, device, kernel_forward: Callable) -> L
     fa, fb = full(a), full(b)
     case = state.case
     W = case.config.output_width
-    metas = [_build_meta(case, fa), _build_meta(case, fb)]
+    metas = [build_meta(case, fa), build_meta(case, fb)]
     steps = [dataclasses.replace(state.step, batch=fa), dataclasses.replace(next_state.step, batch=fb)]
     inputs = [make_inputs(case, steps[0], metas[0]), make_inputs(case, steps[1], metas[1])]
     dev = torch.device(device) if not isinstance(device, torch.device) else device
@@ -188,7 +184,7 @@ def captured_replay(state, next_state, *, device, kernel_forward: Callable) -> L
     rows = []
     for i, (st, meta, step) in enumerate(((state, metas[0], steps[0]), (next_state, metas[1], steps[1]))):
         view = dataclasses.replace(st, meta=meta, step=step)
-        rows += [r for r in _compare(NAME, view, fresh[i], captured[i], what=what) if r["verdict"] != "exact"]
+        rows += [r for r in compare_runs(NAME, view, fresh[i], captured[i], what=what) if r["verdict"] != "exact"]
     try:
         rows += [r for r in _against_reference(case, state, steps, metas, inputs, captured, what)
                  if r["verdict"] != "exact"]

@@ -2,7 +2,7 @@
 
 * ``run``: resolve the device first (``kpool.platform.resolve_device``: for ``cpu`` it sets
   ``TRITON_INTERPRET=1``, which must happen before any ``kpool.ops`` kernel is imported), then run
-  the selected suites (:mod:`cases.suites`; default ``all`` = corpus, seed, public, generated at
+  the selected suites (:mod:`parity.suites`; default ``all`` = corpus, seed, public, generated at
   both sizes, exactly what ``make parity`` runs), print a summary and the non-``exact`` rows,
   write reports (``--report DIR``, JUnit ``--junit FILE``) and a repro bundle of every failing
   case (:mod:`parity.commands`);
@@ -10,6 +10,8 @@
 * ``replay BUNDLE``: rerun a bundle in a fresh process on any device (:mod:`parity.replay`);
 * ``corpus add PATH``: promote a run's shrunk failure (``REPORT/corpus-candidates/NAME.json``)
   into ``cases/corpus`` (a run never writes there itself);
+* ``merge REPORT_DIR...``: combine the reports of a sharded run (``run --shard i/n`` on each
+  host) into the report the unsharded run would have written (:mod:`parity.merge`);
 * ``list cases|mutants|relations``: what ``--case``, ``--kernel mutant:NAME`` and
   ``--metamorphic`` can select.
 
@@ -21,14 +23,12 @@ unknown case, unavailable device); ``replay``: see :mod:`parity.replay`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
-SIZES = ("small", "glm5.3-flash")
-SUITES = ("all", "corpus", "seed", "public", "generated")
-"""``all`` (default) = corpus, seed, public cases with their stated values, a generated budget
-with coverage, in that order (:mod:`cases.suites`): what ``make parity`` runs."""
+from .shard import parse_shard
+from .suites import SIZES, SUITES
+
 DEFAULT_SUITE = "all"
 DEFAULT_SIZE = "all"
 """The CLI's defaults, equal to the Makefile's ``SUITE ?= all`` / ``SIZE ?= all`` (a test checks)."""
@@ -50,10 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     record = sub.add_parser("record", help="run cases and write a repro bundle for each, pass or fail",
                             description="Like run, but writes a repro bundle for every corpus and seed case. "
                                         "Public cases are not bundled (their stated-value checks live "
-                                        "in cases/public.py: rerun one with --suite public --case Cxx); "
+                                        "in cases/public/: rerun one with --suite public --case Cxx); "
                                         "a failing generated case is kept in REPORT/corpus-candidates.")
     _add_run_arguments(record)
     add_replay_parser(sub)
+    merge = sub.add_parser("merge", help="combine the reports of a sharded run (run --shard i/n) into one",
+                           description="Combine the --report directories of the shards of one run (python -m "
+                                       "parity run --shard i/n --report DIR on each host) into the report the "
+                                       "unsharded run would have written: the same rows in the same order. Exit 0 "
+                                       "when the merged run passes, 1 on any failure, 2 for missing or "
+                                       "inconsistent shards.")
+    merge.add_argument("reports", nargs="+", metavar="REPORT_DIR", help="one --report directory per shard")
+    merge.add_argument("--out", default=None, metavar="DIR",
+                       help="write the merged report here (default: ./parity-out)")
+    merge.add_argument("--junit", metavar="FILE", help="also write the merged JUnit XML here")
     corpus = sub.add_parser("corpus", help="promote a run's shrunk failure into cases/corpus",
                             description="The corpus of shrunk failures (cases/corpus) changes only here: a run "
                                         "keeps its new shrunk failures in REPORT/corpus-candidates.")
@@ -75,7 +85,7 @@ def _add_run_arguments(run) -> None:
                      help="kernel device; cpu = Triton interpreter (default: auto, npu > cuda > cpu)")
     run.add_argument("--suite", default=None, choices=SUITES,
                      help="case suite: all (default: corpus, seed, public, generated, in that order), or one of "
-                          "them (cases.suites); with --case, the suite that has those cases")
+                          "them (parity.suites); with --case, the suite that has those cases")
     run.add_argument("--profile", default=None, choices=("ci", "dev", "device", "nightly"),
                      help="hypothesis profile of the generated suite (default: $HYPOTHESIS_PROFILE, else ci on "
                           "cpu, device otherwise; cases.profiles)")
@@ -100,6 +110,9 @@ def _add_run_arguments(run) -> None:
     run.add_argument("--failures-only", action="store_true", help="print only failing rows (files keep all rows)")
     run.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                      help="worker processes, one device each (round robin; parity.parallel); default 1")
+    run.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
+                     help="run only shard I of N of the run's cases (0 <= I < N; every N-th case, deterministic; "
+                          "combine the shards' --report directories with python -m parity merge)")
     commands.add_run_options(run)
 
 
@@ -108,33 +121,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
-
-
-def offset_seeds(case, offset: int):
-    """``case`` with ``offset`` added to its seed and every step's seed (``--seed``)."""
-    if not offset:
-        return case
-    steps = [dataclasses.replace(s, seed=s.seed + offset) for s in case.steps]
-    return dataclasses.replace(case, seed=case.seed + offset, steps=steps)
-
-
-def select_cases(cases: Sequence, names: Optional[Sequence[str]]) -> List:
-    """Cases whose ``name`` or ``case_id`` is in ``names`` (all when ``names`` is None).
-
-    Raises:
-        KeyError: a name matches no case (message lists the available names).
-    """
-    if not names:
-        return list(cases)
-    wanted = set(names)
-    known = {c.name for c in cases} | {c.case_id for c in cases}
-    unknown = sorted(wanted - known)
-    if unknown:
-        hint = "; public cases C01..C31 need --suite public" if any(u.upper().startswith("C") for u in unknown) else ""
-        if any("[" in u for u in unknown):
-            hint += "; name[size] needs that size selected (--size all or --size SIZE)"
-        raise KeyError(f"unknown case(s) {unknown}; available: {sorted({c.name for c in cases})}{hint}")
-    return [c for c in cases if c.name in wanted or c.case_id in wanted]
 
 
 def _run(args) -> int:
@@ -148,8 +134,8 @@ def _run(args) -> int:
     except KPoolUnsupportedError as exc:
         print(f"python -m parity {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    # 2. The suites (cases.suites picks each suite's cases; parity.commands runs them).
-    from cases.suites import run_suite, suite_of_cases
+    # 2. The suites (parity.suites picks each suite's cases; parity.commands runs them).
+    from .suites import run_suite, suite_of_cases
     if args.suite is None:
         args.suite = suite_of_cases(args.case, args.size) if args.case else DEFAULT_SUITE
     return run_suite(args, device, console, prog=f"python -m parity {args.command}")
@@ -222,6 +208,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "replay":
         from .replay import replay_main
         return replay_main(args)
+    if args.command == "merge":
+        from .merge import merge_main
+        return merge_main(args)
     if args.command == "corpus":
         return _corpus(args)
     if args.command == "list":

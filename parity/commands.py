@@ -1,7 +1,7 @@
 """The ``run`` / ``record`` commands behind :mod:`parity.cli` (parity-contract.md §1, §6), and
 where a run writes.
 
-:mod:`parity.cli` parses arguments; :mod:`cases.suites` picks the cases of each suite; this module
+:mod:`parity.cli` parses arguments; :mod:`parity.suites` picks the cases of each suite; this module
 runs a case list (:func:`parity.session.run_cases`: progress bar, determinism repeats, metamorphic
 relations), prints the results, writes the reports (``--report``, ``--junit``) and the repro
 bundles (:mod:`parity.bundle`). ``replay`` is :mod:`parity.replay`.
@@ -28,6 +28,12 @@ DEFAULT_REPEAT = {"cuda": 2, "npu": 2, "cpu": 1}
 """Kernel forwards per step when ``--repeat`` is not given (determinism check; 1 turns it off).
 The CPU interpreter runs every program serially in numpy, so a second run there can only repeat
 the first: it would double the interpreter time of ``make parity`` for nothing."""
+
+
+def usage_error(message: str) -> int:
+    """Print a usage error on stderr (unwrapped, no markup); returns :data:`EXIT_USAGE`."""
+    print(message, file=sys.stderr)
+    return EXIT_USAGE
 
 
 def add_run_options(parser) -> None:

@@ -1,9 +1,9 @@
-"""Bitwise comparators and triage classes (parity-contract.md §1, §6).
+"""Bitwise comparators and triage classes (parity-contract.md §1, §6), and
+:func:`assert_bitwise_equal`, the tests' one bitwise assertion.
 
-Every comparator returns a list of *findings* (plain dicts, one per (output, class)); the runner
-adds the case/step columns and :func:`findings_frame` turns them into a pandas DataFrame with
-:data:`FINDING_COLUMNS`. An output that matches produces one ``exact`` finding, so the results
-table shows everything that was checked.
+Every comparator returns a list of *findings* (:mod:`parity.findings`: plain dicts, one per
+(output, class)); an output that matches produces one ``exact`` finding, so the results table
+shows everything that was checked. Bit views come from :func:`cases.bits.bits`.
 
 Comparison rules (parity-contract.md §1):
 
@@ -28,67 +28,22 @@ Uncertified differences carry the certificate's reason in ``detail``.
 from __future__ import annotations
 
 import bisect
-from typing import Iterable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
-import pandas as pd
 import torch
 
+from cases.bits import bits, same_bits
+from reference.numerics import tail_start
+
 from .certificates import certify_rounding_boundaries, certify_ties, check_tie_policy
+# The findings vocabulary lives in parity.findings; comparators' callers use it through here too.
+from .findings import (FINDING_COLUMNS, LOCATION_COLUMNS, PASS_VERDICTS, TEXT_LOCATION_COLUMNS, VERDICTS,
+                       crash_finding, finding, findings_frame, is_failure)
 
-VERDICTS = ("exact", "rounding-boundary", "tie-equivalent", "wrong-index", "wrong-tail",
-            "padding-leak", "stray-write", "missing-write", "ring-mismatch", "cache-mismatch",
-            "nan-introduced", "nondeterministic", "not-rejected", "crash")
-"""Triage labels of parity-contract.md §6."""
-PASS_VERDICTS = frozenset({"exact", "rounding-boundary", "tie-equivalent"})
-"""Verdicts that are not failures (the two certified ones count as passes)."""
-
-LOCATION_COLUMNS = ("row", "position", "request", "column", "pool_id", "page", "page_row",
-                    "block", "plane", "slot", "channel", "region", "kernel", "program_id")
-"""Localisation of a finding's first mismatch: token row / position / request / column / pool id
-(indices), page / page_row / channel (compressed cache), block / plane / slot / channel (ring),
-region (sentinel checks: ``view``, ``guard-before``, ``page-padding``, ``between-rows``...), and
-the kernel and program id that wrote the element where the launch tiling makes it derivable
-(:mod:`parity.programs`; cache and ring findings also name the writing token row, its position,
-request and pool id)."""
-TEXT_LOCATION_COLUMNS = ("region", "kernel")
-"""Location columns holding text; the others are nullable integers."""
-FINDING_COLUMNS = ("case", "size", "step", "step_name", "output", "verdict", "mismatches",
-                   *LOCATION_COLUMNS, "detail")
-"""Columns of a findings DataFrame."""
-
-
-def is_failure(verdict: str) -> bool:
-    """True for every verdict outside :data:`PASS_VERDICTS`."""
-    return verdict not in PASS_VERDICTS
-
-
-def finding(output: str, verdict: str, mismatches: int = 0, detail: str = "", **location) -> dict:
-    """One finding row (case/step columns are added by the runner).
-
-    Raises:
-        ValueError: unknown verdict or location key.
-    """
-    if verdict not in VERDICTS:
-        raise ValueError(f"unknown verdict {verdict!r}")
-    bad = set(location) - set(LOCATION_COLUMNS)
-    if bad:
-        raise ValueError(f"unknown location keys {sorted(bad)}")
-    return {"output": output, "verdict": verdict, "mismatches": int(mismatches), "detail": detail,
-            **{k: v for k, v in location.items() if v is not None}}
-
-
-def findings_frame(rows: Iterable[dict], **context) -> pd.DataFrame:
-    """DataFrame with :data:`FINDING_COLUMNS` from finding dicts; ``context`` (case, size, step,
-    step_name) fills columns the rows do not set. Integer location columns are nullable Int64."""
-    rows = [{**context, **r} for r in rows]
-    df = pd.DataFrame(rows, columns=list(FINDING_COLUMNS))
-    for col in ("step", "mismatches", *LOCATION_COLUMNS):
-        if col not in TEXT_LOCATION_COLUMNS:
-            df[col] = df[col].astype("Int64")
-    for col in ("case", "size", "step_name", "output", "verdict", *TEXT_LOCATION_COLUMNS, "detail"):
-        df[col] = df[col].astype("object")
-    return df
-
+__all__ = ["assert_bitwise_equal", "bitwise_mismatch", "bits", "same_bits", "compare_indices", "compare_compressed",
+           "compare_ring", "compare_errors", "sentinel_findings", "exception_kind", "tail_column_mask",
+           "FINDING_COLUMNS", "LOCATION_COLUMNS", "PASS_VERDICTS", "TEXT_LOCATION_COLUMNS", "VERDICTS",
+           "crash_finding", "finding", "findings_frame", "is_failure"]
 
 # --------------------------------------------------------------------------- indices
 
@@ -107,9 +62,8 @@ def tail_column_mask(positions: torch.Tensor, num_rows: int, *, index_topk: int,
     mask = torch.zeros(num_rows, width, dtype=torch.bool)
     if P == 1 or width <= K:
         return mask
-    pos = positions.detach().cpu().to(torch.int64)[:num_rows]
-    tail_start = (pos + 1) // P * P
-    tail_col = torch.clamp(tail_start, max=K) if pack_tail else torch.full_like(tail_start, K)
+    first = tail_start(positions.detach().cpu()[:num_rows], P)
+    tail_col = torch.clamp(first, max=K) if pack_tail else torch.full_like(first, K)
     cols = torch.arange(width)[None, :]
     return (cols >= tail_col[:, None]) & (cols < tail_col[:, None] + P - 1)
 
@@ -302,7 +256,7 @@ def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor
     if kernel_cache.shape != reference_cache.shape or kernel_cache.dtype != reference_cache.dtype:
         raise ValueError(f"cache layouts differ: {kernel_cache.shape} vs {reference_cache.shape}")
     k, r = kernel_cache.detach().cpu(), reference_cache.detach().cpu()
-    return _cache_findings(output, k.view(torch.int16), r.view(torch.int16), torch.isnan(k), torch.isnan(r),
+    return _cache_findings(output, bits(k), bits(r), torch.isnan(k), torch.isnan(r),
                            ("page", "page_row", None, "channel"), "cache-mismatch",
                            certify=lambda a, b, d: certify_rounding_boundaries(a, b, d, context))
 
@@ -319,7 +273,7 @@ def compare_ring(kernel_ring: torch.Tensor, reference_ring: torch.Tensor,
     if kernel_ring.shape != reference_ring.shape or kernel_ring.dtype != reference_ring.dtype:
         raise ValueError(f"ring layouts differ: {kernel_ring.shape} vs {reference_ring.shape}")
     k, r = kernel_ring.detach().cpu(), reference_ring.detach().cpu()
-    return _cache_findings(output, k.view(torch.int32), r.view(torch.int32), torch.isnan(k), torch.isnan(r),
+    return _cache_findings(output, bits(k), bits(r), torch.isnan(k), torch.isnan(r),
                            ("block", "plane", "slot", "channel"), "ring-mismatch")
 
 
@@ -381,10 +335,64 @@ def compare_errors(kernel_exc: Optional[BaseException], reference_exc: Optional[
                                             f"reference {type(reference_exc).__name__}")]
 
 
-def crash_finding(side: str, exc: BaseException, output: Optional[str] = None) -> dict:
-    """A ``crash`` finding for an unexpected exception on ``side`` (output ``forward[<side>]``):
-    ``detail`` is ``"<Type>: <message>"`` then the full traceback, with the file and line that
-    raised (printed by :func:`parity.report.print_results`, kept in reports and bundles)."""
-    import traceback
-    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
-    return finding(output or f"forward[{side}]", "crash", 1, detail=f"{type(exc).__name__}: {exc}\n{trace}")
+# --------------------------------------------------------------------------- tests' assertion
+
+def _value_text(b: int, floating: bool, hex_width: int) -> str:
+    """An element for a message: integers as values, floats as their bit pattern."""
+    return f"0x{b & ((1 << (4 * hex_width)) - 1):0{hex_width}X}" if floating else str(b)
+
+
+def bitwise_mismatch(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor], *, name: str = "tensor",
+                     dims: Optional[Sequence[str]] = None) -> Optional[str]:
+    """Why ``actual`` and ``expected`` do not hold the same bits, or ``None`` when they do
+    (:func:`assert_bitwise_equal` raises with this message).
+
+    Args:
+        actual / expected: tensors of any dtype and device (compared on the CPU), or ``None``.
+        name: what is compared, first word of the message.
+        dims: a name per dimension for the location (``("page", "row", None, "ch")``: ``None``
+            leaves a dimension out); default ``index=(i, j, ...)``.
+    Returns:
+        ``None``, or e.g. ``"compressed: 3/2048 differ, first page=2 row=1 ch=9: 0x3F80 vs
+        0x3F81"`` (floats as bit patterns, integers as values; shape or dtype differences said
+        as such).
+    """
+    if actual is None or expected is None:
+        if actual is None and expected is None:
+            return None
+        return f"{name}: {'actual' if actual is None else 'expected'} is None"
+    if actual.dtype != expected.dtype or actual.shape != expected.shape:
+        return (f"{name}: actual {actual.dtype}{list(actual.shape)} vs expected "
+                f"{expected.dtype}{list(expected.shape)}")
+    a, e = bits(actual.detach().cpu()), bits(expected.detach().cpu())
+    diff = a != e
+    n = int(diff.sum())
+    if n == 0:
+        return None
+    first = diff.nonzero()[0].tolist()
+    if dims is None:
+        where = f"index={tuple(first)}"
+    else:
+        where = " ".join(f"{d}={i}" for d, i in zip(dims, first) if d is not None)
+    floating = actual.dtype.is_floating_point
+    width = 2 * actual.element_size()
+    at = tuple(first)
+    return (f"{name}: {n}/{diff.numel()} differ, first {where}: "
+            f"{_value_text(int(a[at]), floating, width)} vs {_value_text(int(e[at]), floating, width)}")
+
+
+def assert_bitwise_equal(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor], *,
+                         name: str = "tensor", dims: Optional[Sequence[str]] = None) -> None:
+    """Assert that two tensors hold the same bits (same shape, dtype, every element's bit
+    pattern: NaN payloads and ``-0.0`` count), in the style of ``torch.testing``'s messages.
+
+    Args:
+        actual / expected: tensors (any device) or ``None`` (equal only to ``None``).
+        name: what is compared (the message's first word). dims: per-dimension names for the
+            location (see :func:`bitwise_mismatch`).
+    Raises:
+        AssertionError: ``"<name>: 3/2048 differ, first page=2 row=1 ch=9: 0x3F80 vs 0x3F81"``.
+    """
+    message = bitwise_mismatch(actual, expected, name=name, dims=dims)
+    if message is not None:
+        raise AssertionError(message)

@@ -34,133 +34,9 @@ import torch
 
 from . import compare as cmp
 from . import sentinel as sen
-
-OUTPUT_PREFIX = "metamorphic:"
-
-
-@dataclass
-class StepState:
-    """A step of a case, ready to run: its pre-step caches (CPU, sentinels laid), metadata and
-    inputs (CPU) as the runner would build them.
-
-    Attributes:
-        case, index, step: the case, step index and :class:`cases.spec.Step`.
-        meta: :class:`kpool.metadata.KPoolMetadata` (after ``patch_metadata``).
-        inputs: ``{"k", "gate", "q", "weights"}`` CPU tensors.
-        ape: fp32 ``[P, D]``.
-        caches: :class:`kpool.cache.KPoolCaches` before the step.
-    """
-
-    case: object
-    index: int
-    step: object
-    meta: object
-    inputs: dict
-    ape: torch.Tensor
-    caches: object
-    _base: dict = dataclasses.field(default_factory=dict, repr=False)
-
-    def base_run(self, fn: Callable, device) -> "_Run":
-        """The kernel run on the step as defined (no buffer, default chunking), made once per
-        kernel and device and shared by the relations."""
-        key = (id(fn), str(device))
-        if key not in self._base:
-            self._base[key] = _run(fn, self, device)
-        return self._base[key]
-
-
-def _build_meta(case, batch, device="cpu"):
-    from kpool.metadata import build_metadata
-    return build_metadata(batch, index_kpool=case.config.index_kpool, ring_capacity=case.config.ring_capacity,
-                          page_size=case.geometry.page_size, device=device)
-
-
-def step_states(case, *, reference_forward: Optional[Callable] = None) -> Iterator[StepState]:
-    """Yield a :class:`StepState` for every step of ``case``, advancing one set of CPU caches with
-    the reference forward (``reference.stateful.forward`` by default). Steps that expect an error
-    are yielded too (they leave the caches unchanged); a step whose setup fails yields ``None``."""
-    from cases.values import case_ape, make_inputs
-    if reference_forward is None:
-        from reference.stateful import forward as reference_forward
-    cfg, geo = case.config, case.geometry
-    caches = geo.allocate(cfg)
-    sen.lay_cache_sentinels(caches)
-    ape = case_ape(case).to(torch.float32)
-    for i, step in enumerate(case.steps):
-        try:
-            meta = _build_meta(case, step.batch)
-            if step.patch_metadata is not None:
-                meta = step.patch_metadata(meta)
-            inputs = make_inputs(case, step, meta)
-        except Exception:   # a setup failure is the runner's finding, not a relation's
-            yield None
-            continue
-        yield StepState(case, i, step, meta, inputs, ape, caches.clone())
-        if step.expect_error is None:
-            try:
-                reference_forward(**_kwargs(case, step.compute_topk, meta, inputs, ape, caches, None, "cpu"))
-            except Exception:
-                pass
-
-
-def _kwargs(case, compute_topk, meta, inputs, ape, caches, out_buf, dev, **extra) -> dict:
-    cfg = case.config
-    mv = lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t  # noqa: E731
-    return dict({k: mv(v) for k, v in inputs.items()}, ape=mv(ape), compressed_cache=caches.compressed_cache,
-                tail_cache=caches.tail_cache, **{k: mv(v) for k, v in meta.forward_kwargs().items()},
-                index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, score_mode=cfg.score_mode,
-                pack_tail=cfg.pack_tail, compute_topk=compute_topk, output_buffer=out_buf, **extra)
-
-
-@dataclass
-class _Run:
-    out: Optional[torch.Tensor]       # host copy of the returned rows, [T, 1, W]
-    caches: object                    # host KPoolCaches after the run
-    exc: Optional[BaseException] = None
-
-
-def _run(fn, state: StepState, dev, *, meta=None, inputs=None, out_buf=None, caches=None, **extra) -> _Run:
-    """One kernel forward on a device copy of ``state.caches`` (or of ``caches``)."""
-    work = (caches or state.caches).to(dev)
-    try:
-        out = fn(**_kwargs(state.case, state.step.compute_topk, meta or state.meta, inputs or state.inputs,
-                           state.ape, work, out_buf, dev, **extra))
-    except Exception as exc:  # reported as a crash of the relation
-        return _Run(None, work.to("cpu"), exc)
-    host = out.detach().cpu().clone() if isinstance(out, torch.Tensor) else None
-    return _Run(host, work.to("cpu"))
-
-
-def _compare(name: str, state: StepState, base: _Run, variant: _Run, *, variant_rows: Optional[torch.Tensor] = None,
-             kernel_buffer=None, reference_buffer=None, what: str = "") -> List[dict]:
-    """Bitwise comparison of two runs: index rows (``variant_rows[t]`` is the variant row of base
-    row ``t``), compressed cache and ring whole; collapsed to one ``exact`` row when all agree."""
-    output = OUTPUT_PREFIX + name
-    for label, run in (("base", base), ("variant", variant)):
-        if run.exc is not None:
-            return [cmp.crash_finding(label, run.exc, output=output)]
-    cfg, meta = state.case.config, state.meta
-    rows = []
-    if state.step.compute_topk:
-        vout = variant.out
-        if vout is not None and variant_rows is not None:
-            vout = vout[variant_rows]
-        rows += cmp.compare_indices(vout, base.out, positions=meta.positions, cum_query_lens=meta.cum_query_lens,
-                                    index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, pack_tail=cfg.pack_tail,
-                                    compute_topk=True, kernel_buffer=kernel_buffer,
-                                    reference_buffer=reference_buffer, output=output)
-    rows += cmp.compare_compressed(variant.caches.compressed_cache, base.caches.compressed_cache, output=output)
-    rows += cmp.compare_ring(variant.caches.tail_cache, base.caches.tail_cache, output=output)
-    bad = [r for r in rows if r["verdict"] != "exact"]
-    return bad or [cmp.finding(output, "exact", detail=what)]
-
-
-def _plain(state: StepState) -> bool:
-    """Steps a relation can transform: valid input, metadata from the batch description alone
-    (a replayed bundle's recorded builder metadata counts, :class:`parity.bundle._SavedMetadata`)."""
-    patch = state.step.patch_metadata
-    return state.step.expect_error is None and (patch is None or getattr(patch, "from_builder", False))
-
+from .forwards import accepts_keyword, torch_device
+from .relation_base import (OUTPUT_PREFIX, KernelRun, StepState, build_meta, compare_runs, is_plain,
+                            kernel_run, relation_kwargs, step_states)
 
 # --------------------------------------------------------------------------- relations
 
@@ -168,11 +44,11 @@ def batch_permutation(state: StepState, *, device, kernel_forward: Callable) -> 
     """Live requests in reverse order: every row's indices and both caches are unchanged
     (a row's result depends on its request, never on the batch order)."""
     reqs = list(state.step.batch.requests)
-    if not _plain(state) or len(reqs) < 2:
+    if not is_plain(state) or len(reqs) < 2:
         return []
     order = list(reversed(range(len(reqs))))
     batch = dataclasses.replace(state.step.batch, requests=[reqs[i] for i in order])
-    meta2 = _build_meta(state.case, batch)
+    meta2 = build_meta(state.case, batch)
     bounds, start = [], 0
     for r in reqs:
         bounds.append((start, start + r.query_len))
@@ -191,9 +67,9 @@ def batch_permutation(state: StepState, *, device, kernel_forward: Callable) -> 
         w = v.clone()
         w[idx[:t_live]] = v[:t_live]
         inputs2[k] = w
-    base = state.base_run(kernel_forward, device)
-    variant = _run(kernel_forward, state, device, meta=meta2, inputs=inputs2)
-    return _compare("batch-permutation", state, base, variant, variant_rows=idx,
+    base = state.basekernel_run(kernel_forward, device)
+    variant = kernel_run(kernel_forward, state, device, meta=meta2, inputs=inputs2)
+    return compare_runs("batch-permutation", state, base, variant, variant_rows=idx,
                     what=f"requests in order {order}")
 
 
@@ -204,19 +80,19 @@ PAD_VALUES = {"k": 96.0, "gate": 24.0, "q": 64.0, "weights": 1.0}
 def padding_rows(state: StepState, *, device, kernel_forward: Callable, extra: int = 3) -> List[dict]:
     """``extra`` more padding rows (``num_tokens = T + extra``) with garbage inputs and stale ring
     slots: the first ``T`` rows and both caches are unchanged, the new rows are all ``-1``."""
-    if not _plain(state):
+    if not is_plain(state):
         return []
     T = state.meta.num_tokens
     batch = dataclasses.replace(state.step.batch, num_tokens=T + extra, stale_tail_slots=True)
-    meta2 = _build_meta(state.case, batch)
+    meta2 = build_meta(state.case, batch)
     if meta2.max_pool_seq_len != state.meta.max_pool_seq_len:
         return []
     inputs2 = {}
     for k, v in state.inputs.items():
         pad = torch.full((extra, *v.shape[1:]), PAD_VALUES.get(k, 1.0), dtype=v.dtype)
         inputs2[k] = torch.cat([v, pad])
-    base = state.base_run(kernel_forward, device)
-    variant = _run(kernel_forward, state, device, meta=meta2, inputs=inputs2)
+    base = state.basekernel_run(kernel_forward, device)
+    variant = kernel_run(kernel_forward, state, device, meta=meta2, inputs=inputs2)
     rows = []
     if state.step.compute_topk and variant.out is not None and variant.exc is None:
         tail = variant.out[T:].reshape(extra, -1)
@@ -226,8 +102,8 @@ def padding_rows(state: StepState, *, device, kernel_forward: Callable, extra: i
             rows.append(cmp.finding(OUTPUT_PREFIX + "padding-rows", "padding-leak", int(leak.shape[0]),
                                     detail=f"added padding row {T + t} holds {int(tail[t, c])}", row=T + t,
                                     column=c))
-        variant = _Run(variant.out[:T], variant.caches)
-    found = _compare("padding-rows", state, base, variant, what=f"{extra} padding rows added")
+        variant = KernelRun(variant.out[:T], variant.caches)
+    found = compare_runs("padding-rows", state, base, variant, what=f"{extra} padding rows added")
     return [r for r in found if r["verdict"] != "exact"] + rows or found
 
 
@@ -235,18 +111,18 @@ def output_width(state: StepState, *, device, kernel_forward: Callable, extra_co
     """A caller buffer ``[T + 2, W + extra_cols]``: the returned ``[T, 1, W]`` rows equal the run
     without a buffer, the alignment columns are ``-1`` and rows ``>= T`` keep their sentinel."""
     from cases.spec import OutputBufferSpec
-    if not _plain(state) or not state.step.compute_topk:
+    if not is_plain(state) or not state.step.compute_topk:
         return []
     cfg, T = state.case.config, state.meta.num_tokens
     buf = sen.allocate_output_buffer(OutputBufferSpec(capacity=T + 2, width=cfg.output_width + extra_cols),
                                      device=device)
     before = buf.backing.detach().cpu().clone()
-    base = state.base_run(kernel_forward, device)
-    variant = _run(kernel_forward, state, device, out_buf=buf.view)
+    base = state.basekernel_run(kernel_forward, device)
+    variant = kernel_run(kernel_forward, state, device, out_buf=buf.view)
     expect = torch.full((T + 2, cfg.output_width + extra_cols), -1, dtype=torch.int32)
     if base.out is not None:   # the base run's rows where they belong, -1 alignment columns
         expect[:T, :cfg.output_width] = base.out.detach().cpu().flatten(1)
-    found = _compare("output-width", state, base, variant, kernel_buffer=buf.view.detach().cpu(),
+    found = compare_runs("output-width", state, base, variant, kernel_buffer=buf.view.detach().cpu(),
                      reference_buffer=expect, what=f"buffer width W+{extra_cols}")
     chk = buf.check(before, T)
     extra = cmp.sentinel_findings([dataclasses.replace(chk, missing=0, first_missing=None)], "kernel")
@@ -261,18 +137,17 @@ def score_chunking(state: StepState, *, device, kernel_forward: Callable,
     """The indexer score scratch split into chunks of ``chunk_rows`` token rows
     (``max_score_rows``): identical rows and caches. Default chunks: 1 row (up to 16 live rows,
     else 5) and half the live rows."""
-    from .runner import accepts_keyword
     t_live = state.meta.num_live_tokens
-    if not _plain(state) or not state.step.compute_topk or t_live < 2 \
+    if not is_plain(state) or not state.step.compute_topk or t_live < 2 \
             or not accepts_keyword(kernel_forward, "max_score_rows"):
         return []
     if chunk_rows is None:
         chunk_rows = sorted({1 if t_live <= 16 else 5, max(1, t_live // 2)})
-    base = state.base_run(kernel_forward, device)
+    base = state.basekernel_run(kernel_forward, device)
     found = []
     for n in chunk_rows:
-        variant = _run(kernel_forward, state, device, max_score_rows=int(n))
-        found += [r for r in _compare("score-chunking", state, base, variant) if r["verdict"] != "exact"]
+        variant = kernel_run(kernel_forward, state, device, max_score_rows=int(n))
+        found += [r for r in compare_runs("score-chunking", state, base, variant) if r["verdict"] != "exact"]
     return found or [cmp.finding(OUTPUT_PREFIX + "score-chunking", "exact",
                                  detail=f"max_score_rows in {list(chunk_rows)}")]
 
@@ -314,12 +189,11 @@ def run_relations(case, names: Optional[Sequence[str]] = None, *, device, kernel
     Raises:
         ValueError: an unknown relation name.
     """
-    from .runner import _torch_device
     names = list(RELATIONS) if not names else list(names)
     unknown = [n for n in names if n not in RELATIONS]
     if unknown:
         raise ValueError(f"unknown metamorphic relation(s) {unknown}; known: {list(RELATIONS)}")
-    dev = _torch_device(device)
+    dev = torch_device(device)
     if kernel_forward is None:
         from kpool.indexer import forward as kernel_forward
     wanted = set(range(len(case.steps)) if steps is None else steps)

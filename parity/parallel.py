@@ -1,35 +1,38 @@
 """Multi-worker parity runs: ``python -m parity run --jobs N`` (``make parity JOBS=N``).
 
-Cases are spread over ``N`` worker processes that pull them from one queue (largest cases
-first), each worker pinned to one device; results come back in case order and are merged into
-one results table and report, so the findings equal a ``--jobs 1`` run row for row. Every
-findings and timings row gets two columns: ``worker`` (0 .. N-1) and ``worker_device``
+Cases go to ``N`` worker processes of a :class:`concurrent.futures.ProcessPoolExecutor` (largest
+cases submitted first), each worker pinned to one device; results come back in case order and are
+merged into one results table and report, so the findings equal a ``--jobs 1`` run row for row.
+Every findings and timings row gets two columns: ``worker`` (0 .. N-1) and ``worker_device``
 (``"cuda:1"`` = physical CUDA device 1, ``"npu:0"``, ``"cpu"``).
 
 Device pinning (platform-numerics.md §2.1, §6.2): worker ``i`` sees only physical device
 ``devices[i % len(devices)]`` through ``CUDA_VISIBLE_DEVICES`` (cuda) or
 ``ASCEND_RT_VISIBLE_DEVICES`` (npu), where ``devices`` is the parent's own visible list (its
-``*_VISIBLE_DEVICES`` if set, else ``0 .. device_count-1``). The variable is put into the
-environment the worker process is *spawned* with, so it is in place before the worker's
-Python, torch or torch_npu even start; with one device all workers share it; on ``cpu``
-(Triton interpreter) nothing is pinned. ``OMP_NUM_THREADS`` defaults to ``cores // N`` per
-worker (the reference runs on the host CPU in every worker), unless already set.
+``*_VISIBLE_DEVICES`` if set, else ``0 .. device_count-1``). The pool's initializer
+(:func:`_init_worker`) sets the variable first thing in the worker, before its torch or
+torch_npu are imported (the worker starts with the ``spawn`` method: a fresh interpreter that has
+imported only this module, which imports no torch); with one device all workers share it; on
+``cpu`` (Triton interpreter) nothing is pinned. ``OMP_NUM_THREADS`` defaults to ``cores // N``
+per worker (the reference runs on the host CPU in every worker), unless already set.
 
-Workers use the ``spawn`` start method (a forked CUDA/NPU runtime is unusable) and send each
-:class:`parity.runner.CaseResult` back pickled, with every tensor moved to the host. A worker
-that raises reports the traceback; one that dies (signal, OOM) is named with the case it was
-running; either aborts the run with :class:`ParallelRunError`.
+Each worker sends its :class:`parity.results.CaseResult` back with every tensor moved to the
+host. A worker whose ``run_case`` raises (a harness bug) aborts the run with
+:class:`ParallelRunError` naming the worker, its device and the case. A worker that dies (signal,
+OOM: the pool is then broken, :class:`concurrent.futures.process.BrokenProcessPool`) is a
+finding: the cases that did not finish are rerun one per fresh single-worker pool, and a case
+whose worker dies again gets one ``crash`` finding (output ``worker``) instead of results.
 
 Importing this module imports neither torch nor any kernel.
 """
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
 import os
-import pickle
-import queue as queue_mod
-import threading
 import traceback
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Dict, List, Optional, Sequence
 
 VISIBLE_DEVICES_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
@@ -38,12 +41,12 @@ VISIBLE_DEVICES_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE
 WORKER_COLUMNS = ("worker", "worker_device")
 """Columns added to every findings and timings row."""
 
-_SPAWN_LOCK = threading.Lock()   # os.environ is process-wide while a worker is being spawned
-_POLL_S = 0.5
+WORKER_OUTPUT = "worker"
+"""Output name of the finding of a case whose worker process died."""
 
 
 class ParallelRunError(RuntimeError):
-    """A worker raised or died; the message names the worker, its device and the case."""
+    """A worker's ``run_case`` raised; the message names the worker, its device and the case."""
 
 
 def visible_devices(device: str) -> List[str]:
@@ -142,53 +145,153 @@ def case_cost_order(cases: Sequence) -> List[int]:
     return sorted(range(len(cases)), key=lambda i: (getattr(cases[i], "size", "") == "small", i))
 
 
-def _worker_main(worker: int, device: str, tasks, results) -> None:
-    """Worker process body: resolve the device (env already pinned at spawn), then run cases
-    from ``tasks`` until ``None``; post ``("start"|"done"|"error", index, worker, payload)``."""
-    try:
+# --------------------------------------------------------------------------- worker side
+
+_WORKER: Dict[str, object] = {}
+"""This worker's index, device label and start-up facts (set by :func:`_init_worker`)."""
+
+
+def _init_worker(device: str, slots) -> None:
+    """Pool initializer: take this worker's ``(index, environment)`` from ``slots`` and put the
+    environment in place before anything imports torch (module docstring)."""
+    worker, env = slots.get()
+    torch_first = "torch" in __import__("sys").modules
+    os.environ.update(env)
+    _WORKER.update(index=worker, label=worker_device_label(device, env), device=device,
+                   torch_imported_at_start=torch_first)
+
+
+def _warm_imports(device: str) -> str:
+    """Resolve the device and import what ``run_case`` imports lazily (kernels, reference, value
+    generators), so the start-up cost is not billed to the worker's first case. Returns the
+    resolved backend."""
+    if "resolved" not in _WORKER:
         from kpool.platform import resolve_device
-        resolved = resolve_device(device)
-        from .runner import run_case
-        # What run_case imports lazily (kernels, reference, value generators): load it now so the
-        # start-up cost is not billed to the first case's wall time.
+        _WORKER["resolved"] = resolve_device(device)
         import cases.values  # noqa: F401
         import kpool.indexer  # noqa: F401
         import reference.stateful  # noqa: F401
-    except BaseException:
-        results.put(("error", None, worker, traceback.format_exc()))
-        return
-    while True:
-        item = tasks.get()
-        if item is None:
-            return
-        index, case_bytes, run_kwargs = item
-        results.put(("start", index, worker, None))
+    return _WORKER["resolved"]
+
+
+def _run_one(case, run_kwargs: dict):
+    """Pool task: run one case on this worker. Returns ``(worker, label, result, None)`` or, when
+    ``run_case`` raises, ``(worker, label, None, traceback text)``."""
+    worker, label = _WORKER["index"], _WORKER["label"]
+    try:
+        from .runner import run_case
+        resolved = _warm_imports(str(_WORKER["device"]))
+        return worker, label, _to_host(run_case(case, device=resolved, **run_kwargs)), None
+    except BaseException:   # returned, not raised: the parent names the worker and the case
+        return worker, label, None, traceback.format_exc()
+
+
+def _probe(barrier) -> dict:
+    """Pool task of :func:`probe_workers`: what this worker started with and sees."""
+    barrier.wait(timeout=120)      # every worker takes exactly one probe
+    info = {"worker": _WORKER["index"], "pid": os.getpid(),
+            "torch_imported_at_start": _WORKER["torch_imported_at_start"]}
+    for var in ("KPOOL_DEVICE", "OMP_NUM_THREADS") + tuple(VISIBLE_DEVICES_ENV.values()):
+        info[var] = os.environ.get(var)
+    device = str(_WORKER["device"])
+    try:
+        import torch
+        if device == "cuda":
+            info["device_count"] = int(torch.cuda.device_count())
+            if info["device_count"]:
+                info["device_name"] = torch.cuda.get_device_name(0)
+        elif device == "npu":
+            import torch_npu  # noqa: F401
+            info["device_count"] = int(torch.npu.device_count())
+    except Exception as exc:  # report, do not hide: the probe is a diagnostic
+        info["error"] = f"{type(exc).__name__}: {exc}"
+    return info
+
+
+# --------------------------------------------------------------------------- parent side
+
+def _pool(device: str, workers: Sequence[int], initializer=None, extra_initargs: tuple = ()):
+    """A spawn-context pool of ``len(workers)`` processes whose initializer pins the worker that
+    takes slot ``w`` of ``workers`` as :func:`worker_environment` says."""
+    ctx = mp.get_context("spawn")
+    devices = visible_devices(device)
+    slots = ctx.Queue()
+    for w in workers:
+        slots.put((w, worker_environment(w, device, devices, len(workers))))
+    return ProcessPoolExecutor(max_workers=len(workers), mp_context=ctx, initializer=initializer or _init_worker,
+                               initargs=(device, slots) + tuple(extra_initargs))
+
+
+def probe_workers(device: str, jobs: int) -> List[dict]:
+    """Start ``jobs`` workers exactly as ``run --jobs`` does and return what each one saw:
+    ``worker``, ``pid``, ``KPOOL_DEVICE``, ``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES``,
+    ``ASCEND_RT_VISIBLE_DEVICES``, ``torch_imported_at_start`` (must be False: the pin precedes
+    torch) and, on cuda/npu, ``device_count`` (1 when pinned) and ``device_name``. A diagnostic
+    for multi-device hosts (docs/validation.md) and the tests; sorted by worker."""
+    barrier = mp.get_context("spawn").Barrier(jobs)
+    with _pool(device, range(jobs), _probe_init, (barrier,)) as pool:
+        out = list(pool.map(_probe_task, range(jobs)))
+    return sorted(out, key=lambda d: d["worker"])
+
+
+def _probe_init(device: str, slots, barrier) -> None:
+    _init_worker(device, slots)
+    _WORKER["barrier"] = barrier
+
+
+def _probe_task(_: int) -> dict:
+    return _probe(_WORKER["barrier"])
+
+
+def dead_worker_result(case, detail: str):
+    """The result of a case whose worker process died: one ``crash`` finding (output
+    :data:`WORKER_OUTPUT`), no steps run."""
+    import pandas as pd
+
+    from . import compare as cmp
+    from .results import TIMING_COLUMNS, CaseResult
+    findings = cmp.findings_frame([cmp.finding(WORKER_OUTPUT, "crash", 1, detail=detail)], case=case.name,
+                                  size=case.size)
+    return CaseResult(case=case.name, size=case.size, case_id=case.case_id, findings=findings,
+                      timings=pd.DataFrame([], columns=list(TIMING_COLUMNS)), steps_run=0, wall_s=0.0)
+
+
+def _collect(cases, futures: Dict[int, object], out: list, on_result) -> List[int]:
+    """Fill ``out[i]`` from each finished future (``{case index: future}``); returns the indices
+    whose worker died. Raises :class:`ParallelRunError` when a worker's ``run_case`` raised."""
+    died = []
+    for i, fut in futures.items():
         try:
-            res = run_case(pickle.loads(case_bytes), device=resolved, **run_kwargs)
-            payload = pickle.dumps(_to_host(res))
-        except BaseException:
-            results.put(("error", index, worker, traceback.format_exc()))
-            return
-        results.put(("done", index, worker, payload))
+            worker, label, res, trace = fut.result()
+        except BrokenProcessPool:
+            died.append(i)
+            continue
+        if trace is not None:
+            raise ParallelRunError(f"worker {worker} ({label}) failed on {cases[i].case_id}:\n{trace}")
+        out[i] = annotate(res, worker, label)
+        if on_result is not None:
+            on_result(out[i])
+    return died
 
 
 def run_cases(cases: Sequence, *, device: str, jobs: int = 1,
-              on_result: Optional[Callable] = None, **run_kwargs) -> List:
+              on_result: Optional[Callable] = None, task: Callable = _run_one, **run_kwargs) -> List:
     """Run ``cases`` with :func:`parity.runner.run_case` on ``jobs`` workers; merged results.
 
     Args:
         cases: :class:`cases.spec.Case` objects (picklable).
         device: the resolved backend (``kpool.platform.resolve_device``).
-        jobs: worker processes; ``1`` runs in this process (no spawn), ``> 1`` spawns
+        jobs: worker processes; ``1`` runs in this process (no pool), ``> 1`` starts
             ``min(jobs, len(cases))`` workers pinned as in the module docstring.
-        on_result: ``fn(result)`` called in this process as each case finishes (progress).
+        on_result: ``fn(result)`` called in this process as each case's result is collected.
+        task: the pool task (tests plant a worker death with it).
         **run_kwargs: passed to ``run_case`` (``check_oracle``, ``mode``, ...; picklable).
     Returns:
         ``CaseResult`` list in the order of ``cases``, each annotated (:func:`annotate`) with its
-        worker and device.
+        worker and device; a case whose worker died twice holds :func:`dead_worker_result`.
     Raises:
         ValueError: ``jobs < 1``.
-        ParallelRunError: a worker raised or died.
+        ParallelRunError: a worker's ``run_case`` raised.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
@@ -202,136 +305,27 @@ def run_cases(cases: Sequence, *, device: str, jobs: int = 1,
             if on_result is not None:
                 on_result(res)
         return out
-    return _run_spawned(list(cases), device=device, jobs=min(jobs, len(cases)), on_result=on_result,
-                        run_kwargs=run_kwargs)
-
-
-def _start_workers(ctx, device: str, jobs: int, target, extra_args: tuple):
-    """Spawn ``jobs`` processes ``target(worker, device, *extra_args)``, worker ``w`` with
-    :func:`worker_environment` in the environment it starts with. Returns ``(procs, labels)``."""
-    devices = visible_devices(device)
-    procs, labels = [], []
-    for w in range(jobs):
-        env = worker_environment(w, device, devices, jobs)
-        proc = ctx.Process(target=target, args=(w, device) + tuple(extra_args),
-                           name=f"parity-worker-{w}", daemon=True)
-        with _SPAWN_LOCK:
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
-                proc.start()                 # the child's environment is copied here
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        procs.append(proc)
-        labels.append(worker_device_label(device, env))
-    return procs, labels
-
-
-def _probe_main(worker: int, device: str, results) -> None:
-    """Probe worker body: report the pin it started with and what the runtime sees through it."""
-    info = {"worker": worker, "pid": os.getpid(),
-            "torch_imported_at_start": "torch" in __import__("sys").modules}
-    for var in ("KPOOL_DEVICE", "OMP_NUM_THREADS") + tuple(VISIBLE_DEVICES_ENV.values()):
-        info[var] = os.environ.get(var)
-    try:
-        import torch
-        if device == "cuda":
-            info["device_count"] = int(torch.cuda.device_count())
-            if info["device_count"]:
-                info["device_name"] = torch.cuda.get_device_name(0)
-        elif device == "npu":
-            import torch_npu  # noqa: F401
-            info["device_count"] = int(torch.npu.device_count())
-    except Exception as exc:  # report, do not hide: the probe is a diagnostic
-        info["error"] = f"{type(exc).__name__}: {exc}"
-    results.put(info)
-
-
-def probe_workers(device: str, jobs: int, timeout_s: float = 120.0) -> List[dict]:
-    """Spawn ``jobs`` workers exactly as ``run --jobs`` does and return what each one saw:
-    ``worker``, ``pid``, ``KPOOL_DEVICE``, ``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES``,
-    ``ASCEND_RT_VISIBLE_DEVICES``, ``torch_imported_at_start`` (must be False: the pin precedes
-    torch) and, on cuda/npu, ``device_count`` (1 when pinned) and ``device_name``. A diagnostic
-    for multi-device hosts (docs/validation.md) and the tests; sorted by worker."""
-    import multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs, _ = _start_workers(ctx, device, jobs, _probe_main, (results,))
-    try:
-        out = [results.get(timeout=timeout_s) for _ in procs]
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.terminate()
-        results.cancel_join_thread()
-        results.close()
-    return sorted(out, key=lambda d: d["worker"])
-
-
-def _run_spawned(cases: List, *, device: str, jobs: int, on_result, run_kwargs: dict) -> List:
-    import multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    tasks, results = ctx.Queue(), ctx.Queue()
-    procs: List = []
-    try:
-        procs, labels = _start_workers(ctx, device, jobs, _worker_main, (tasks, results))
-        for i in case_cost_order(cases):
-            tasks.put((i, pickle.dumps(cases[i]), run_kwargs))
-        for _ in procs:
-            tasks.put(None)
-        return _collect(cases, procs, labels, results, on_result)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in procs:
-            proc.join(timeout=5)
-        for q in (tasks, results):
-            q.cancel_join_thread()       # never block exit on undelivered items of a dead worker
-            q.close()
-
-
-def _collect(cases, procs, labels, results, on_result) -> List:
-    """Gather one result per case; fail fast on a worker error or death."""
+    cases = list(cases)
     out: List = [None] * len(cases)
-    running: Dict[int, int] = {}                 # worker -> case index
-    pending = len(cases)
-
-    def who(w: int) -> str:
-        return f"worker {w} ({labels[w]})"
-
-    def case_name(i) -> str:
-        return getattr(cases[i], "case_id", str(i)) if i is not None else "start-up"
-
-    while pending:
+    with _pool(device, range(min(jobs, len(cases)))) as pool:
+        futures = {i: pool.submit(task, cases[i], run_kwargs) for i in case_cost_order(cases)}
         try:
-            kind, index, w, payload = results.get(timeout=_POLL_S)
-        except queue_mod.Empty:
-            for w, proc in enumerate(procs):
-                if not proc.is_alive() and proc.exitcode not in (0, None):
-                    raise ParallelRunError(f"{who(w)} died (exit code {proc.exitcode}) while running "
-                                           f"{case_name(running.get(w))}")
-            if all(not p.is_alive() for p in procs):
-                missing = [case_name(i) for i, r in enumerate(out) if r is None]
-                raise ParallelRunError(f"all workers exited with cases left: {missing}")
-            continue
-        if kind == "start":
-            running[w] = index
-        elif kind == "error":
-            raise ParallelRunError(f"{who(w)} failed on {case_name(index)}:\n{payload}")
-        else:
-            running.pop(w, None)
-            out[index] = annotate(pickle.loads(payload), w, labels[w])
-            pending -= 1
+            died = _collect(cases, futures, out, on_result)
+        except ParallelRunError:
+            pool.shutdown(wait=False, cancel_futures=True)   # fail fast: queued cases never start
+            raise
+    for n, i in enumerate(died):     # isolate the culprit: one fresh worker per unfinished case
+        w = n % jobs
+        with _pool(device, [w]) as pool:
+            again = _collect(cases, {i: pool.submit(task, cases[i], run_kwargs)}, out, on_result)
+        if again:
+            label = worker_device_label(device, worker_environment(w, device, visible_devices(device), 1))
+            out[i] = annotate(dead_worker_result(cases[i], "the worker process running this case died twice "
+                                                           "(BrokenProcessPool: killed by a signal or out of memory); "
+                                                           "rerun it with --jobs 1 to see how"), w, label)
             if on_result is not None:
-                on_result(out[index])
+                on_result(out[i])
     return out
-
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

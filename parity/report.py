@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 import xml.etree.ElementTree as ET
 from typing import Iterable, Optional, Sequence, Union
 
@@ -20,6 +22,19 @@ REPORT_COLUMNS = ("case", "size", "step", "output", "verdict", "mismatches", "fi
 
 _SHORT = {"position": "pos", "request": "req", "column": "col", "pool_id": "pool",
           "page_row": "prow", "channel": "ch"}
+
+
+def replay_command(directory: str) -> str:
+    """The one-line command that replays a repro bundle (:mod:`parity.bundle`), with this
+    interpreter (a bare ``python`` may not be the one that has torch and the harness)."""
+    target = os.path.abspath(directory)     # works from any directory
+    return f"{shlex.quote(sys.executable)} -m parity replay {shlex.quote(target)}"
+
+
+def part_path(path: str, part: str) -> str:
+    """``out/junit.xml`` -> ``out/junit-public.xml``: one JUnit file per suite part."""
+    root, ext = os.path.splitext(path)
+    return f"{root}-{part}{ext or '.xml'}"
 
 
 def format_location(row) -> str:
@@ -301,7 +316,6 @@ def write_report(df: pd.DataFrame, directory: Union[str, os.PathLike], *,
     md.append("")
     if bundles:
         md += ["## Repro bundles", ""]
-        from .bundle import replay_command
         md += [f"- {cid}: `{replay_command(path)}`" for cid, path in bundles.items()]
         md.append("")
     md += ["## Failures", ""]
@@ -339,7 +353,6 @@ def write_junit(df: pd.DataFrame, path: Union[str, os.PathLike], *,
                     fail = ET.SubElement(tc, "failure", message=r["verdict"], type=str(output))
                     text = f"{r['mismatches']} mismatches; {r['first_mismatch']}; {r['detail'] or ''}"
                     if bundles and cid in bundles:
-                        from .bundle import replay_command
                         text += f"\nrepro: {replay_command(bundles[cid])}"
                     fail.text = text
                 elif r["verdict"] != "exact":

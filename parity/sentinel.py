@@ -26,7 +26,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from kpool.cache import as_int16, as_int32
+from kpool.cache import allocate_caches, as_int16, as_int32
 
 BF16_SENTINEL_BITS = 0x7FA5
 """Sentinel of the bf16 compressed cache, as the int16 bit pattern (a NaN payload)."""
@@ -120,6 +120,27 @@ def lay_cache_sentinels(caches) -> None:
     padding and guard bands) with the sentinels, in place. Done once at case start."""
     caches.compressed_backing.view(torch.int16).fill_(BF16_SENTINEL_INT16)
     caches.tail_backing.view(torch.int32).fill_(FP32_SENTINEL_INT32)
+
+
+def case_caches(case, device="cpu"):
+    """Both caches of ``case`` in its geometry (:func:`kpool.cache.allocate_caches`, zero-filled):
+    a :class:`kpool.cache.KPoolCaches` on ``device``.
+
+    Raises:
+        kpool.errors.KPoolShapeError: bad sizes.
+    """
+    geo = case.geometry
+    return allocate_caches(case.config, num_pages=geo.num_pages, page_size=geo.page_size,
+                           num_tail_blocks=geo.num_tail_blocks, page_padding=geo.page_padding,
+                           ring_block_padding=geo.ring_block_padding, guard=geo.guard, device=device)
+
+
+def sentinel_caches(case):
+    """:func:`case_caches` on the CPU with the sentinels laid everywhere (every side's starting
+    state: the runner, the metamorphic relations and the public cases' direct runs)."""
+    caches = case_caches(case)
+    lay_cache_sentinels(caches)
+    return caches
 
 
 def relay_compressed_rows(caches, write_set: WriteSet) -> None:

@@ -128,15 +128,6 @@ def _progress(console, total: int):
                     TextColumn("steps"), TimeElapsedColumn(), console=console, transient=True)
 
 
-def _parallel():
-    """:mod:`parity.parallel` when present (multi-worker runs), else ``None``."""
-    try:
-        from . import parallel
-    except ImportError:
-        return None
-    return parallel
-
-
 def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forward: Optional[Callable] = None,
               on_case: Optional[Callable] = None, jobs: int = 1) -> List:
     """Run ``cases`` with :func:`parity.runner.run_case` (plus the selected metamorphic relations).
@@ -160,13 +151,13 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
     """
     import pandas as pd
 
+    from . import parallel as par
     from .report import make_console
     from .runner import run_case
     console = console or make_console()
     fn = kernel_forward or resolve_kernel(options.kernel)
-    par = _parallel()
-    if jobs > 1 and (par is None or options.kernel != DEFAULT_KERNEL or kernel_forward is not None):
-        console.print(f"[yellow]--jobs {jobs} needs the production kernel and parity.parallel; running in this process[/]")
+    if jobs > 1 and (options.kernel != DEFAULT_KERNEL or kernel_forward is not None):
+        console.print(f"[yellow]--jobs {jobs} needs the production kernel; running in this process[/]")
         jobs = 1
     kwargs = dict(check_oracle=options.check_oracle, mode=options.mode, repeat=options.repeat)
     observer_for = None
@@ -205,7 +196,7 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
             for case, res in zip(cases, results):
                 finish(case, res)
         else:
-            label = par.in_process_device_label(options.device) if par is not None else options.device
+            label = par.in_process_device_label(options.device)
             for case in cases:
                 if bar is not None:
                     bar.update(task, description=case.case_id)
@@ -215,8 +206,7 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
                                step_observer=observer, **kwargs)
                 if observer is not None:
                     res.hf_table = observer.table()
-                if par is not None:
-                    par.annotate(res, 0, label)
+                par.annotate(res, 0, label)
                 if bar is not None and res.steps_run < len(case.steps):
                     bar.advance(task, len(case.steps) - res.steps_run)
                 results.append(res)

@@ -155,6 +155,47 @@ def pool_scores(q: torch.Tensor, weights: torch.Tensor, pools: torch.Tensor, sco
     raise ValueError(f"unknown score_mode {score_mode!r}")
 
 
+# ---- visibility and the causal tail (kpool-algorithm.md §4.1, §4.5) -----------------------------
+# The one harness-side home of these two formulas: the stateful reference, the certificates, the
+# comparators, the coverage account, the public cases' checks and the case statistics call them.
+# Deliberate independent copies (so that one slip cannot make both sides agree): the Triton
+# kernels (kpool/ops/indexer.py, the score and expand kernels) and the whole-history oracle
+# (reference/oracle.py) restate them.
+
+def tail_start(position, index_kpool: int):
+    """First position of row ``p``'s causal tail: ``(p + 1) // P * P`` (kpool-algorithm.md §4.5
+    step 2: the tokens ``tail_start .. p`` of the row's own incomplete pool).
+
+    Args:
+        position: int or int tensor of positions ``p >= 0``.
+        index_kpool: ``P``.
+    Returns:
+        the same kind (int or int64 tensor) as ``position``.
+    """
+    if isinstance(position, torch.Tensor):
+        position = position.to(torch.int64)
+    return (position + 1) // index_kpool * index_kpool
+
+
+def visible_pools(position, pool_len, index_kpool: int):
+    """Visible pool count of a row: ``min((p + 1) // P, seq_lens[r])``, never below 0
+    (kpool-algorithm.md §4.1: the row's complete pools, capped by its request's pool length).
+
+    Args:
+        position: int or int tensor of positions.
+        pool_len: the request's ``seq_lens[r]`` (int, or an int tensor broadcastable to
+            ``position``).
+        index_kpool: ``P``.
+    Returns:
+        int for int arguments, else an int64 tensor of ``position``'s shape.
+    """
+    if isinstance(position, torch.Tensor) or isinstance(pool_len, torch.Tensor):
+        pos = torch.as_tensor(position).to(torch.int64)
+        cap = torch.as_tensor(pool_len).to(torch.int64)
+        return torch.clamp(torch.minimum((pos + 1) // index_kpool, cap), min=0)
+    return max(0, min((int(position) + 1) // index_kpool, int(pool_len)))
+
+
 def sanitize_scores(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """kpool-algorithm.md §4.3: invisible (``j >= visible[row]``), NaN and ``<= LOWEST`` cells
     become LOWEST; ``+inf`` becomes FLT_MAX.
@@ -219,11 +260,11 @@ def expand_row(pool_ids, valid, position: int, *, index_topk: int, index_kpool: 
         if slot < len(pool_ids) and bool(valid[slot]):
             row[c] = int(pool_ids[slot]) * P + lane
     if P > 1 and always_select_tail:
-        tail_start = ((position + 1) // P) * P
-        tail_count = position + 1 - tail_start
-        tail_col = min(tail_start, K) if pack_tail else K
+        first = tail_start(position, P)
+        tail_count = position + 1 - first
+        tail_col = min(first, K) if pack_tail else K
         for i in range(P - 1):
-            row[tail_col + i] = tail_start + i if i < tail_count else -1
+            row[tail_col + i] = first + i if i < tail_count else -1
     return row
 
 

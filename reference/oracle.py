@@ -166,6 +166,8 @@ class HistoryOracle:
         for r, qs, end in live:
             rid = request_ids[r]
             rows = list(range(qs, end))
+            # Visibility restated on purpose, not reference.numerics.visible_pools: the oracle is
+            # the stateful reference's independent check (parity-contract.md §7).
             visible = [min(max(0, min((int(positions[t]) + 1) // P, int(seq_lens[r]))), n_max) for t in rows]
             chunk = max(1, SCORE_CHUNK_ELEMENTS // max(1, n_max * H))
             for c0 in range(0, len(rows), chunk):

@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from .numerics import compress_pools, index_rows, pool_scores
+from .numerics import compress_pools, index_rows, pool_scores, visible_pools
 
 SCORE_CHUNK_ELEMENTS = 1 << 18
 """Rows are scored in chunks of about this many ``rows * pools * H`` fp32 elements. Scores are
@@ -289,7 +289,7 @@ def _select(*, q, weights, compressed_cache, positions, bounds, T, T_live, seq_l
         if not rows:
             continue
         # Visible pools of a row: its complete pools, capped by the request's pool length (§4.1).
-        visible = [max(0, min((int(positions[t]) + 1) // P, int(seq_lens[r]))) for t in rows]
+        visible = [visible_pools(int(positions[t]), int(seq_lens[r]), P) for t in rows]
         pools = gather_request_pools(compressed_cache, block_table[r], max_pool_seq_len)
         chunk = max(1, SCORE_CHUNK_ELEMENTS // max(1, max_pool_seq_len * H))
         for c0 in range(0, len(rows), chunk):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from kpool.cache import allocate_caches
-from kpool.config import KPoolConfig
+from kpool.config import SMALL, KPoolConfig
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata
 
 
@@ -13,7 +13,7 @@ def small_batch(config: KPoolConfig, *, device="cpu", seed=0, page_size=2, num_p
     """A valid multi-request batch with permuted pages: returns ``(caches, kwargs)`` where
     ``kwargs`` is a complete keyword set for ``forward`` (inputs + metadata + config)."""
     g = torch.Generator().manual_seed(seed)
-    D, H, P = config.index_head_dim, config.index_n_heads, config.index_kpool
+    P = config.index_kpool
     pages = torch.randperm(num_pages, generator=g).tolist()
     specs = []
     for i, (cached, qlen) in enumerate(requests):
@@ -24,14 +24,46 @@ def small_batch(config: KPoolConfig, *, device="cpu", seed=0, page_size=2, num_p
                           ring_capacity=config.ring_capacity, page_size=page_size, device=device)
     caches = allocate_caches(config, num_pages=num_pages, page_size=page_size,
                              num_tail_blocks=len(requests) + 1, guard=8, device=device)
+    return caches, random_forward_kwargs(config, meta, caches, g, device)
+
+
+def random_forward_kwargs(config: KPoolConfig, meta, caches, g: torch.Generator, device="cpu") -> dict:
+    """A complete keyword set for ``forward``: random ``k, gate, q, weights, ape`` drawn from
+    ``g`` in that order, the caches' views, the metadata and the config."""
+    D, H, P = config.index_head_dim, config.index_n_heads, config.index_kpool
     T = meta.num_tokens
-    kwargs = dict(
+    return dict(
         k=torch.randn(T, D, generator=g).to(device), gate=torch.randn(T, D, generator=g).to(device),
         q=torch.randn(T, H, D, generator=g).bfloat16().to(device),
         weights=torch.randn(T, H, generator=g).to(device), ape=torch.randn(P, D, generator=g).to(device),
         compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
         index_topk=config.index_topk, index_kpool=P, **meta.forward_kwargs())
-    return caches, kwargs
+
+
+def padded_batch(num_tokens=12, stale=True):
+    """Request 0: positions 0..6 (pages [3, 5], ring block 1); request 1: positions 2..4 (page
+    [1], ring block 0); FULL-mode padding rows 10, 11 with stale positive ring slots."""
+    return BatchSpec([RequestSpec(0, 7, [3, 5], ring_block=1), RequestSpec(2, 3, [1], ring_block=0)],
+                     num_tokens=num_tokens, full_mode=True, stale_tail_slots=stale)
+
+
+def index_rows():
+    """SMALL rows of one 7-token request (positions 0..6) and 2 padding rows, arbitrary values:
+    ``(metadata, int32 [9, 1, W])``."""
+    P, C, W = SMALL.index_kpool, SMALL.ring_capacity, SMALL.output_width
+    meta = build_metadata(BatchSpec([RequestSpec(0, 7, [0, 1], 0)], num_tokens=9),
+                          index_kpool=P, ring_capacity=C, page_size=2)
+    ref = torch.arange(9 * W, dtype=torch.int32).reshape(9, 1, W) % 50
+    ref[7:] = -1
+    return meta, ref
+
+
+def compare_rows(kernel, ref, meta, pack_tail=True, **kw):
+    """:func:`parity.compare.compare_indices` of SMALL rows (:func:`index_rows`)."""
+    from parity import compare as cmp
+    return cmp.compare_indices(kernel, ref, positions=meta.positions, cum_query_lens=meta.cum_query_lens,
+                               index_topk=SMALL.index_topk, index_kpool=SMALL.index_kpool, pack_tail=pack_tail,
+                               compute_topk=True, **kw)
 
 
 def is_small_case(case, *, steps=3, rows=24, requests=3) -> bool:
@@ -46,8 +78,8 @@ def assert_planted_fault_found_and_shrunk(kind: str, name: str, device, corpus_d
     planted fault ``name`` (:mod:`parity.mutants`) with its expected verdict and shrinks it to a
     small case; the saved corpus entry fails on the mutant and passes on the real kernels."""
     from cases.corpus import describe, load_case
-    from cases.generated import ParityFailure, run_generated
     from cases.profiles import current_profile
+    from parity.generated import ParityFailure, run_generated
     from parity.mutants import expected_verdict, load_mutant
     from parity.runner import run_case
 
@@ -74,8 +106,8 @@ def assert_planted_fault_found_and_shrunk(kind: str, name: str, device, corpus_d
 def assert_generated_run_covers(kind: str, device, capsys, *, min_passed: int, classes) -> None:
     """The current profile's budget of generated ``kind`` cases ("batch" or "engine") passes,
     prints its coverage, runs at least ``min_passed`` examples and exercises every one of
-    ``classes`` (:mod:`cases.coverage` class names)."""
-    from cases.generated import run_generated
+    ``classes`` (:mod:`parity.coverage` class names)."""
+    from parity.generated import run_generated
     out = run_generated(kind, device=device)
     with capsys.disabled():
         print("\n" + "\n".join(out.coverage.lines()))

@@ -11,25 +11,19 @@ from kpool.cache import allocate_caches
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolError
 from kpool.metadata import BatchSpec, build_metadata
+from parity.compare import same_bits
+from tests.helpers import random_forward_kwargs
 
 
 def batch_kwargs(config: KPoolConfig, batch: BatchSpec, *, page_size: int, num_pages: int, num_tail_blocks: int,
                  device="cpu", seed: int = 0):
     """``(caches, kwargs)`` for ``kpool.indexer.forward`` from an explicit batch (random inputs)."""
     g = torch.Generator().manual_seed(seed)
-    D, H, P = config.index_head_dim, config.index_n_heads, config.index_kpool
-    meta = build_metadata(batch, index_kpool=P, ring_capacity=config.ring_capacity, page_size=page_size,
-                          device=device)
+    meta = build_metadata(batch, index_kpool=config.index_kpool, ring_capacity=config.ring_capacity,
+                          page_size=page_size, device=device)
     caches = allocate_caches(config, num_pages=num_pages, page_size=page_size, num_tail_blocks=num_tail_blocks,
                              guard=8, device=device)
-    T = meta.num_tokens
-    kwargs = dict(
-        k=torch.randn(T, D, generator=g).to(device), gate=torch.randn(T, D, generator=g).to(device),
-        q=torch.randn(T, H, D, generator=g).bfloat16().to(device),
-        weights=torch.randn(T, H, generator=g).to(device), ape=torch.randn(P, D, generator=g).to(device),
-        compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
-        index_topk=config.index_topk, index_kpool=P, **meta.forward_kwargs())
-    return caches, kwargs
+    return caches, random_forward_kwargs(config, meta, caches, g, device)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -57,7 +51,7 @@ def assert_rejected(call: Callable[[], object], error: type, rule: Optional[str]
     launched = [e for e in info.traceback if "/kpool/ops/" in str(e.path).replace("\\", "/")]
     assert not launched, f"raised inside the kernels' launchers: {launched}"
     after = snapshot(kw, *extra)
-    changed = [i for i, (a, b) in enumerate(zip(before, after)) if not torch.equal(a, b)]
+    changed = [i for i, (a, b) in enumerate(zip(before, after)) if not same_bits(a, b)]
     assert not changed, f"tensors {changed} changed although the call was rejected"
     return info.value
 

@@ -13,6 +13,7 @@ from kpool.indexer import forward
 from kpool.validation import validate_forward
 from tests.helpers import small_batch
 from tests.rejection import assert_rejected
+from parity.compare import assert_bitwise_equal
 
 pytestmark = pytest.mark.interpreter_ok
 
@@ -149,9 +150,9 @@ def test_interleaved_views_that_share_no_byte_give_the_separate_result(torch_dev
     assert overlaps(compressed, ring) is False and overlaps(store[:, :W], store[:R, W:]) is False
     got = forward(**dict(kw, compressed_cache=compressed, tail_cache=ring, output_buffer=store[:, :W],
                          block_table=store[:R, W:]))
-    assert torch.equal(got, want)
-    assert torch.equal(compressed.view(torch.int16), twin.compressed_cache.view(torch.int16))
-    assert torch.equal(ring.view(torch.int32), twin.tail_cache.view(torch.int32))
+    assert_bitwise_equal(got, want)
+    assert_bitwise_equal(compressed, twin.compressed_cache)
+    assert_bitwise_equal(ring, twin.tail_cache)
 
 
 def test_overlap_is_exact_on_byte_intervals():

@@ -18,6 +18,7 @@ import torch
 
 from parity import bundle
 from parity.session import RunOptions, run_cases
+from parity.compare import assert_bitwise_equal, same_bits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULT = "tests.test_reports:planted_fault"
@@ -60,16 +61,16 @@ def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path, device)
         meta = build_metadata(step.batch, index_kpool=4, ring_capacity=4, page_size=2)
         replayed = saved.patch_metadata(build_metadata(saved.batch, index_kpool=4, ring_capacity=4, page_size=2))
         for name, t in meta.tensors().items():
-            assert torch.equal(getattr(replayed, name), t), name
+            assert_bitwise_equal(getattr(replayed, name), t, name=str(name))
         for name, t in make_inputs(case, step, meta).items():
-            assert torch.equal(saved.inputs(b.case, saved, replayed)[name].view(torch.uint8), t.view(torch.uint8))
+            assert_bitwise_equal(saved.inputs(b.case, saved, replayed)[name].view(torch.uint8), t.view(torch.uint8))
     # both sides' outputs of the failing steps
     assert set(b.outputs) == {1, 3}
     out = b.outputs[1]
     assert {"kernel_indices", "reference_indices", "kernel_compressed", "reference_compressed",
             "kernel_ring", "reference_ring"} <= set(out)
-    assert not torch.equal(out["kernel_compressed"], out["reference_compressed"])
-    assert torch.equal(out["kernel_indices"], out["reference_indices"])
+    assert not same_bits(out["kernel_compressed"], out["reference_compressed"])
+    assert_bitwise_equal(out["kernel_indices"], out["reference_indices"])
     # the finding table and the environment
     assert bundle.diff_findings(b.findings, res.findings, with_programs=True).empty
     env = b.environment
@@ -83,6 +84,7 @@ def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path, device)
     assert f"-m parity replay {path}" in readme and "cache-mismatch" in readme
 
 
+@pytest.mark.integration
 def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path, device):
     case, res, path = _record(tmp_path, device)
     proc = _python("replay", path, device=device)
@@ -108,6 +110,7 @@ def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path, device):
     assert proc.returncode == 1 and "not reproduced" in proc.stdout, proc.stdout
 
 
+@pytest.mark.integration
 def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path, device):
     """End to end on the real kernels: a planted kernel fault fails the run, the failure message
     names the replay command, and the replay in another process reproduces the findings."""
@@ -129,6 +132,7 @@ def test_cli_run_writes_bundle_report_junit_and_replays(tmp_path, device):
     assert proc.returncode == 0 and "reproduced:" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_record_writes_a_bundle_for_a_passing_case(tmp_path, device):
     from parity.cli import main
     from kpool.platform import resolve_device
@@ -154,6 +158,7 @@ def test_bundle_name_and_unknown_format(tmp_path):
         bundle.load_bundle(str(tmp_path / "missing"))
 
 
+@pytest.mark.integration
 def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device):
     """A damaged file or a kernel spec outside this checkout: exit 2 with the reason, no traceback,
     nothing run."""
@@ -218,6 +223,7 @@ def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device)
     assert main(["replay", damaged("own-module", set_kernel("tests.test_reports:planted_fault"))]) in (0, 1)
 
 
+@pytest.mark.integration
 def test_replay_checks_a_fix_with_another_kernel(tmp_path, capsys, device):
     """``replay --kernel kpool --expect pass`` checks a fix against a recorded failure; the exit
     code answers the question asked, and the output names the kernel and the recorded one."""

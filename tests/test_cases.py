@@ -12,13 +12,15 @@ import functools
 import pytest
 import torch
 
-from cases.scenarios import (SCENARIOS, SIZES, case_stats, config_for, seed_cases, step_metadata,
-                             visible_pools)
+from cases.scenarios import SCENARIOS, SIZES, config_for, seed_cases
 from cases.spec import Case
+from cases.steps import step_metadata
 from cases.values import (EXACT_INT_RANGE, PAD_K, case_ape, exact_logit_inputs, exact_logit_tensors,
                           exact_score_bound, make_ape, make_inputs, row_requests)
 from kpool.config import GLM53_FLASH, SMALL
-from reference.numerics import compress_pools, pool_scores, relu_fp32
+from parity.compare import assert_bitwise_equal, same_bits
+from parity.coverage import case_stats
+from reference.numerics import compress_pools, pool_scores, relu_fp32, visible_pools
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,9 +50,10 @@ def _scored_rows(name, size):
     for step, meta in zip(case.steps, _metas(name, size)):
         if not step.compute_topk:
             continue
-        req, ql, vis = row_requests(meta), _query_lens(meta), visible_pools(meta, P)
+        req, ql = row_requests(meta), _query_lens(meta)
         for t in range(meta.num_live_tokens):
-            yield step, meta, t, int(meta.positions[t]), int(req[t]), int(ql[req[t]]), int(vis[t])
+            p, r = int(meta.positions[t]), int(req[t])
+            yield step, meta, t, p, r, int(ql[r]), visible_pools(p, int(meta.seq_lens[r]), P)
 
 
 # ---- structure every case shares ---------------------------------------------------------------
@@ -58,8 +61,8 @@ def _scored_rows(name, size):
 def test_registry_and_seed_cases():
     cases = seed_cases()
     assert [c.case_id for c in cases] == [f"{n}[{s}]" for s in SIZES for n in SCENARIOS]
-    assert len({c.case_id for c in cases}) == 12
-    assert [c.size for c in seed_cases(("small",))] == ["small"] * 6
+    assert len({c.case_id for c in cases}) == 2 * len(SCENARIOS)
+    assert [c.size for c in seed_cases(("small",))] == ["small"] * len(SCENARIOS)
     with pytest.raises(ValueError):
         config_for("huge")
 
@@ -242,12 +245,8 @@ def test_cache_only(size):
 
 # ---- inputs ---------------------------------------------------------------------------------------
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
-
-
 def _same_bits(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(_bits(a[k]), _bits(b[k])) for k in a)
+    return a.keys() == b.keys() and all(same_bits(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize("name", ["decode-tail", "full-padding", "cache-only", "prefill-tail"])
@@ -266,10 +265,10 @@ def test_inputs_deterministic_and_shaped(name):
         assert a["weights"].shape == (T, H) and a["weights"].dtype == torch.float32
     # Another case seed or step seed gives other values.
     other = dataclasses.replace(case, seed=case.seed + 1)
-    assert not torch.equal(make_inputs(other, case.steps[1], metas[1])["q"], first[1]["q"])
+    assert not same_bits(make_inputs(other, case.steps[1], metas[1])["q"], first[1]["q"])
     s2 = dataclasses.replace(case.steps[1], seed=case.steps[1].seed + 100)
-    assert not torch.equal(make_inputs(case, s2, metas[1])["q"], first[1]["q"])
-    assert torch.equal(_bits(case_ape(case)), _bits(case_ape(case)))
+    assert not same_bits(make_inputs(case, s2, metas[1])["q"], first[1]["q"])
+    assert_bitwise_equal(case_ape(case), case_ape(case), name="ape")
 
 
 def test_random_family_values():
@@ -279,24 +278,24 @@ def test_random_family_values():
     x = make_inputs(case, step, meta)
     T_live = meta.num_live_tokens
     k = x["k"][:T_live]
-    assert torch.equal(k, k.bfloat16().float())                    # bf16-valued fp32 keys
-    assert not torch.equal(x["gate"], x["gate"].bfloat16().float())  # gate is genuinely fp32
+    assert_bitwise_equal(k, k.bfloat16().float())                    # bf16-valued fp32 keys
+    assert not same_bits(x["gate"], x["gate"].bfloat16().float())  # gate is genuinely fp32
     assert (x["k"][T_live:] >= PAD_K).all()                         # padding rows hold garbage
     ape = make_ape(case.config, case.seed)
     assert ape.shape == (4, case.config.index_head_dim) and ape.dtype == torch.float32 and ape.abs().sum() > 0
-    assert torch.equal(_bits(ape), _bits(make_ape(case.config, case.seed)))
-    assert case.ape is None and torch.equal(case_ape(case), ape)
+    assert_bitwise_equal(ape, make_ape(case.config, case.seed), name="ape")
+    assert case.ape is None and same_bits(case_ape(case), ape)
 
 
 @pytest.mark.parametrize("name", ["prefill-tail", "pool-boundary-decode", "cache-only"])
 def test_exact_family_is_bf16_exact(name):
     case = _case(name, "small")
-    assert case.values == "exact" and torch.equal(case_ape(case), torch.zeros(4, case.config.index_head_dim))
-    assert torch.equal(make_ape(case.config, 1, "exact"), torch.zeros(4, case.config.index_head_dim))
+    assert case.values == "exact" and same_bits(case_ape(case), torch.zeros(4, case.config.index_head_dim))
+    assert_bitwise_equal(make_ape(case.config, 1, "exact"), torch.zeros(4, case.config.index_head_dim))
     for step, meta in zip(case.steps, _metas(name, "small")):
         x = make_inputs(case, step, meta)
         for key in ("k", "gate", "weights"):
-            assert torch.equal(x[key], x[key].bfloat16().float()), key
+            assert_bitwise_equal(x[key], x[key].bfloat16().float(), name=str(key))
         n = EXACT_INT_RANGE
         assert ((x["k"] * 4).round() == x["k"] * 4).all() and x["k"].abs().max() <= 1
         assert (x["gate"] == 0).all()
@@ -305,7 +304,7 @@ def test_exact_family_is_bf16_exact(name):
         # Canonical compression of any 4 rows is their exact mean (bf16-representable).
         k = x["k"][:4 * (x["k"].shape[0] // 4)].view(-1, 4, x["k"].shape[1])
         pooled = compress_pools(k, torch.zeros_like(k), case_ape(case))
-        assert torch.equal(pooled.float(), (k.double().mean(dim=1)).float())
+        assert_bitwise_equal(pooled.float(), (k.double().mean(dim=1)).float())
 
 
 @pytest.mark.parametrize("config", [SMALL, GLM53_FLASH], ids=["small", "glm"])
@@ -328,7 +327,7 @@ def test_exact_scores_are_order_independent(config):
         dots = torch.einsum("thd,jd->tjh", q.double(), pools.double())
         want = (relu_fp32(dots) * w.double()[:, None, :]).sum(-1) if mode == "relu" else dots.mul(
             w.double()[:, None, :]).sum(-1)
-        assert torch.equal(got.double(), want), mode
+        assert_bitwise_equal(got.double(), want, name=str(mode))
 
 
 def test_step_inputs_override():
@@ -356,9 +355,9 @@ def test_exact_logit_inputs_force_pool_logits():
         pooled = compress_pools(k, x["gate"][:44].view(11, 4, -1), ape)
         want = torch.zeros(11, cfg.index_head_dim)
         want[:, 0] = torch.tensor(values)
-        assert torch.equal(pooled.float(), want)
+        assert_bitwise_equal(pooled.float(), want)
         scores = pool_scores(x["q"][:1], x["weights"][:1], pooled)[0]
-        assert torch.equal(scores, relu_fp32(torch.tensor(values)))
+        assert_bitwise_equal(scores, relu_fp32(torch.tensor(values)))
     assert float(x["k"][44, 0]) == 0.0          # pool 11 has no entry: default 0
 
 
@@ -396,13 +395,15 @@ def test_small_steps_pass_forward_validation(name):
         assert t_live == meta.num_live_tokens
 
 
-def test_geometry_allocate_keeps_every_padding():
-    """CacheGeometry.allocate lays the caches out as declared: padded page and ring-block strides
-    and guard bands, so the sentinel checks cover padding the kernels must not touch."""
+def test_case_caches_keep_every_padding():
+    """parity.sentinel.case_caches lays the caches out as the case's geometry declares: padded
+    page and ring-block strides and guard bands, so the sentinel checks cover padding the kernels
+    must not touch."""
     from cases.spec import CacheGeometry
     from kpool.config import SMALL
+    from parity.sentinel import case_caches
     geo = CacheGeometry(num_pages=3, page_size=2, num_tail_blocks=2, page_padding=5, ring_block_padding=7, guard=11)
-    caches = geo.allocate(SMALL)
+    caches = case_caches(Case("geo", "small", SMALL, geo, steps=()))
     D, C = SMALL.index_head_dim, SMALL.ring_capacity
     assert caches.compressed_cache.stride(0) == 2 * D + 5 and caches.compressed_cache.storage_offset() == 11
     assert caches.tail_cache.stride(0) == 2 * C * D + 7 and caches.tail_cache.storage_offset() == 11

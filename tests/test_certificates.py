@@ -26,6 +26,7 @@ from parity import certificates as certs
 from reference.numerics import expand_row
 from tests.certificate_cases import (D, K, P, W, compare_rows, geometry, run, swap_pool, swapping_kernel, tie_case,
                                      tie_setup)
+from parity.compare import assert_bitwise_equal, bits
 
 MID = 1.0 + 2.0 ** -8            # midpoint of bf16 1.0 (0x3F80) and 1.0078125 (0x3F81)
 
@@ -143,10 +144,10 @@ def _flipping_kernel(delta_ulps):
         out = ref(**kw)
         calls.append(1)
         if len(calls) == 1:
-            bits = kw["compressed_cache"].view(torch.int16)
-            b = int(bits[4, 0, 0, 0])
+            raw = bits(kw["compressed_cache"])
+            b = int(raw[4, 0, 0, 0])
             assert b in (0x3F80, 0x3F81), hex(b)
-            bits[4, 0, 0, 0] = b + (delta_ulps if b == 0x3F80 else -delta_ulps)
+            raw[4, 0, 0, 0] = b + (delta_ulps if b == 0x3F80 else -delta_ulps)
         return out
     return forward
 
@@ -199,7 +200,7 @@ def test_repeat_runs_must_be_bitwise_identical():
         out = ref(**kw)
         calls.append(1)
         if len(calls) % 2 == 0:
-            kw["compressed_cache"].view(torch.int16)[4, 0, 0, 5] ^= 1
+            bits(kw["compressed_cache"])[4, 0, 0, 5] ^= 1
             if out is not None:
                 out[2, 0, 1] += 100
         return out
@@ -258,7 +259,7 @@ def test_program_ids_match_what_the_kernels_report(device, torch_device):
     for t in range(T):
         if slots[t] >= 0:
             want = programs.cache_update_program(t, num_rows=T, head_dim=D, backend=device, device=torch_device)
-            got = int(caches.compressed_cache.cpu().view(torch.int16)[slots[t] // 2, slots[t] % 2, 0, 0])
+            got = int(bits(caches.compressed_cache.cpu())[slots[t] // 2, slots[t] % 2, 0, 0])
             assert got == want, (t, got, want)
             seen.add(want)
     assert len(seen) > 1, "the probe batch should span several programs"
@@ -269,13 +270,13 @@ def test_program_ids_match_what_the_kernels_report(device, torch_device):
     for t in (146, 147, 148, 149, 256, 257, 258, 259):              # the last C rows of each request
         want = programs.cache_update_program(t, num_rows=T, head_dim=D, backend=device, kernel="ring_write",
                                              device=torch_device)
-        assert int(caches.tail_cache.cpu().view(torch.int32)[tslots[t] // C, 0, tslots[t] % C, 0]) == want
+        assert int(bits(caches.tail_cache.cpu())[tslots[t] // C, 0, tslots[t] % C, 0]) == want
     # expansion: every output element
     caches, kw = _probe_batch(torch_device)
     out = load_mutant("probe-expand", mutation=PROBES["probe-expand"]).forward(**kw)[:, 0].cpu()
     want = torch.tensor([[programs.expand_program(t, c, num_rows=T, width=W, backend=device) for c in range(W)]
                          for t in range(T)], dtype=torch.int32)
-    assert torch.equal(out, want)
+    assert_bitwise_equal(out, want)
 
 
 def test_findings_name_the_writing_program(device, torch_device):

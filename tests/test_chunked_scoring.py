@@ -24,7 +24,7 @@ def _chunked_step(case):
 @pytest.mark.parametrize("size", list(CHUNK_ROWS))
 def test_seed_case_really_chunks(size):
     """More live rows than ``max_score_rows``, and not a multiple of it (a partial last chunk)."""
-    from cases.scenarios import step_metadata
+    from cases.steps import step_metadata
     case = prefill_topk(size)
     i, step = _chunked_step(case)
     live = step_metadata(case, step).num_live_tokens

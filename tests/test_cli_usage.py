@@ -22,6 +22,7 @@ def test_replay_command_uses_this_interpreter():
     assert replay_command("bundles/x").startswith(sys.executable)
 
 
+@pytest.mark.integration
 def test_record_says_which_suites_it_bundles(tmp_path, capsys, device):
     """``record --suite public`` runs the case but writes no bundle, and says so."""
     out = tmp_path / "b"
@@ -31,6 +32,7 @@ def test_record_says_which_suites_it_bundles(tmp_path, capsys, device):
     assert not out.exists()
 
 
+@pytest.mark.integration
 def test_public_suite_runs_the_kernel_under_test(tmp_path, capsys, device):
     """``--kernel`` reaches the public cases (it used to be dropped: a planted fault passed), and
     ``--junit`` writes the public part next to the given path."""
@@ -91,7 +93,7 @@ def test_device_workflow_runs_all_four_suites(name, device):
     """The device job's command, rendered by make with the workflow's env, selects corpus, seed,
     public and generated at both sizes with the device profile (PARITY_ARGS used to replace it and
     the job ran the seed suite only)."""
-    from cases.suites import PARTS, suite_parts
+    from parity.suites import PARTS, suite_parts
     text, env, variables = _workflow(name)
     assert "PARITY_ARGS" not in text
     args = _make_parity_args(*variables, env=env)
@@ -101,7 +103,7 @@ def test_device_workflow_runs_all_four_suites(name, device):
 
 
 def test_cli_defaults_equal_make_defaults():
-    from cases.suites import suite_parts
+    from parity.suites import suite_parts
     from parity.cli import DEFAULT_SIZE, DEFAULT_SUITE, build_parser
     made = _make_parity_args()
     cli = build_parser().parse_args(["run"])
@@ -161,6 +163,7 @@ def _explode_inside(rows):
     raise RuntimeError(f"boom at {rows} rows")
 
 
+@pytest.mark.integration
 def test_kernel_crash_keeps_its_full_traceback(tmp_path, capsys, device):
     """A kernel exception is a ``crash`` finding whose traceback (file, line, function) is printed
     in the console and kept in the report and the bundle (it was cut to 300 characters)."""
@@ -200,6 +203,7 @@ def test_decode_relations_default_on_devices_and_off_on_the_interpreter(device):
     assert off.decode_relations == []
 
 
+@pytest.mark.integration
 def test_decode_relations_run_on_decode_steps_only(tmp_path, device):
     import json
     rep = tmp_path / "rep"

@@ -18,11 +18,12 @@ from cases import corpus
 from cases.engine import Action, EngineSim, FullMode
 from cases.genvalues import Special, ValueSpec
 from cases.patches import MetadataPatch
-from cases.scenarios import step_metadata
+from cases.steps import step_metadata
 from cases.spec import OutputBufferSpec
 from cases.values import make_inputs
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolBlockIdError
+from parity.compare import assert_bitwise_equal, same_bits
 
 
 def _case():
@@ -52,7 +53,7 @@ def test_round_trip_keeps_steps_metadata_and_input_bits(tmp_path):
     assert len(path.read_text().splitlines()) < 120           # small and human-readable
     back, info = corpus.load_case(path)
     assert info["note"] == "round trip" and corpus.mutant_of(info) is None
-    assert back.config == case.config and back.geometry == case.geometry and torch.equal(back.ape, case.ape)
+    assert back.config == case.config and back.geometry == case.geometry and same_bits(back.ape, case.ape)
     assert corpus.describe(back)[1:] != [] and len(back.steps) == len(case.steps)
     for s0, s1 in zip(case.steps, back.steps):
         assert (s0.name, s0.batch, list(s0.request_ids), s0.compute_topk, s0.output_buffer, s0.patch_metadata,
@@ -61,11 +62,11 @@ def test_round_trip_keeps_steps_metadata_and_input_bits(tmp_path):
                 s1.expect_error, tuple(s1.forks))
         m0, m1 = step_metadata(case, s0), step_metadata(back, s1)
         for name, t in m0.tensors().items():
-            assert torch.equal(t, getattr(m1, name)), name
+            assert_bitwise_equal(t, getattr(m1, name), name=str(name))
         i0, i1 = make_inputs(case, s0, m0), make_inputs(back, s1, m1)
         for name in i0:
             w = torch.int16 if i0[name].element_size() == 2 else torch.int32
-            assert torch.equal(i0[name].view(w), i1[name].view(w)), name
+            assert_bitwise_equal(i0[name].view(w), i1[name].view(w), name=str(name))
     assert corpus.mutant_of({"expect": "fail:ape-reversed"}) == "ape-reversed"
 
 
@@ -107,4 +108,4 @@ def test_corpus_entry_replays(path, device):
 
 
 def test_corpus_directory_is_not_empty():
-    assert ENTRIES, "cases/corpus holds the shrunk planted-fault cases; regenerate with python -m cases.grow"
+    assert ENTRIES, "cases/corpus holds the shrunk planted-fault cases; regenerate with python -m parity.generated.grow"

@@ -48,15 +48,21 @@ def empty_case():
 
 def test_odd_strides_reach_the_forward():
     """The planted layout survives the harness's copy to the device (else this file tests nothing)."""
-    from parity.runner import _to
+    from cases.steps import build_step, forward_kwargs
+    from parity.sentinel import sentinel_caches
     w = zero_strides(torch.zeros(0, 1))
-    assert w.stride() == (0, 0) and _to(w, torch.device("cpu")).stride() == (0, 0)
+    case = empty_case()
+    built = build_step(case, case.steps[1])                       # T == 0: zero-row inputs
+    inputs = dict(built.inputs, weights=w)
+    kw = forward_kwargs(case, built.meta, inputs, built.ape, sentinel_caches(case), device=torch.device("cpu"),
+                        compute_topk=True, copy=True)              # the runner's per-side copy
+    assert w.stride() == (0, 0) and kw["weights"].stride() == (0, 0) and kw["weights"] is not w
     with pytest.raises(RuntimeError, match="stride"):
         w.contiguous().view(torch.uint8)
 
 
 def test_empty_steps_pass_the_runner_and_every_check(device):
-    from cases.coverage import classify_case
+    from parity.coverage import classify_case
     from parity.runner import run_case
     case = empty_case()
     res = run_case(case, device=device, certificates=True, repeat=2)   # repeat: the determinism check

@@ -1,4 +1,4 @@
-"""Stateful engine sequences (cases.engine, cases.strategies.engine_cases, cases.generated,
+"""Stateful engine sequences (cases.engine, cases.strategies.engine_cases, parity.generated,
 cases.profiles).
 
 * the engine model: admission, page and ring-block reuse through LIFO free lists, prefix resumes
@@ -8,7 +8,7 @@ cases.profiles).
 * planted faults: the C01 ring stash gated on the pool slot, a padding slot -1 used as an index,
   and the C21 configuration fault (ring capacity P with MTP-2: kernels and reference agree, only
   the oracle can tell) are found within the ``ci`` fault budget and shrink to small cases;
-* profiles: no wall-clock deadline (a slow example is a warning; :class:`cases.profiles.JitClock`
+* profiles: no wall-clock deadline (a slow example is a warning; :class:`parity.generated.JitClock`
   takes compile time out of it), a flaky example is an outcome, shrinking is bounded.
 
 Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_engine.py``.
@@ -112,23 +112,26 @@ def test_engine_case_runs_clean_through_the_harness(device):
 
 # ---- generated engine sequences (the ci budget) -------------------------------------------------
 
+@pytest.mark.integration
 def test_generated_engine_sequences_pass_and_report_coverage(device, warm_kernels, capsys):
     assert_generated_run_covers("engine", device, capsys, min_passed=8, classes=(
         "pool-boundary decode", "padding rows", "cache-only step", "zero-length request",
         "MTP rejection + replay", "ring block reuse"))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["ring-stash-gated-on-pool-slot", "padding-slot-minus-one"])
 def test_planted_fault_found_by_engine_sequences_and_shrunk(name, device, warm_kernels, tmp_path):
     assert_planted_fault_found_and_shrunk("engine", name, device, tmp_path)
 
 
+@pytest.mark.integration
 def test_undersized_ring_found_only_by_the_oracle(device, warm_kernels):
     """C21 as a configuration fault: MTP-2 with a 4-slot ring. Kernels and reference agree (both
     lose the committed token), so only the whole-history oracle reports it; the shrunk case is an
     MTP rejection followed by a replay that completes the open pool."""
     from cases.corpus import describe
-    from cases.generated import ParityFailure, run_generated
+    from parity.generated import ParityFailure, run_generated
     from cases.profiles import current_profile
     from cases.strategies import scaled
 
@@ -141,16 +144,17 @@ def test_undersized_ring_found_only_by_the_oracle(device, warm_kernels):
     bad = out.result.failures
     assert set(bad["output"]) == {"reference-vs-oracle"}, bad
     assert is_small_case(out.case)
-    from cases.coverage import classify_case
+    from parity.coverage import classify_case
     assert classify_case(out.case)[0]["MTP rejection + replay"] > 0
 
 
 # ---- empty steps, guaranteed coverage ---------------------------------------------------------
 
+@pytest.mark.integration
 def test_generated_sequences_draw_empty_steps_and_count_them(device):
     """Every profile draws empty steps (``Bounds.empty_steps``), the ``ci`` profile included; they
     pass on both sides and the coverage report counts them."""
-    from cases.generated import run_generated
+    from parity.generated import run_generated
     from cases.profiles import PROFILES, load_profile
     assert all(p.bounds.empty_steps for p in PROFILES.values())
     out = run_generated("engine", device=device, profile=load_profile("ci"), examples=4, guaranteed=False)
@@ -162,7 +166,7 @@ def test_guaranteed_cases_cover_empty_steps_and_every_residue(device):
     """The fixed cases every generated run checks first: empty steps, a NaN pool and a rejected
     ring block (engine) and chunk starts at every residue ``0..P-1`` and every tail length, for
     every P the bounds allow (batch)."""
-    from cases.coverage import Coverage
+    from parity.coverage import Coverage
     from cases.coverage_cases import guaranteed_cases
     from cases.profiles import PROFILES
     for prof in PROFILES.values():
@@ -181,11 +185,12 @@ def test_guaranteed_cases_cover_empty_steps_and_every_residue(device):
                 assert cov.tails[P] == set(range(P)), (prof.name, P)
 
 
+@pytest.mark.integration
 def test_generated_run_reports_complete_residues_and_empty_steps(device):
     """The ``ci`` generated suite's coverage report says every residue of every P it drew was
     seen and the empty batch was exercised (it said "empty batch NOT EXERCISED" before)."""
-    from cases.coverage import Coverage
-    from cases.generated import run_generated
+    from parity.coverage import Coverage
+    from parity.generated import run_generated
     from cases.profiles import load_profile
     prof = load_profile("ci")
     total = Coverage()
@@ -222,13 +227,13 @@ def test_profiles_have_no_wall_clock_deadline():
 def test_jit_clock_counts_compile_time_only():
     """The clock adds the time between a compile's two hooks and nothing else: a fake clock
     (no sleeping, no timing window) gives the exact seconds."""
-    from cases import profiles
+    from parity.generated import warmup
     try:
         from triton import knobs
     except ImportError:
         pytest.skip("this Triton has no knobs")
     ticks = iter([10.0, 10.25, 11.0, 13.5])
-    clock = profiles.JitClock(now=lambda: next(ticks))
+    clock = warmup.JitClock(now=lambda: next(ticks))
     with clock:
         knobs.runtime.jit_cache_hook(key=None)          # t = 10.0
         knobs.runtime.jit_post_compile_hook(key=None)   # t = 10.25: 0.25 s compiling
@@ -239,10 +244,11 @@ def test_jit_clock_counts_compile_time_only():
     assert knobs.runtime.jit_cache_hook is None and knobs.runtime.jit_post_compile_hook is None
 
 
+@pytest.mark.integration
 def test_slow_example_is_a_warning_not_a_failure(device, warm_kernels):
     from dataclasses import replace
 
-    from cases.generated import run_generated
+    from parity.generated import run_generated
     from cases.profiles import current_profile
     prof = replace(current_profile(), slow_example_s=0.0)
     out = run_generated("batch", device=device, profile=prof, examples=2, repeat_every=0, shrink_s=1,
@@ -251,10 +257,11 @@ def test_slow_example_is_a_warning_not_a_failure(device, warm_kernels):
     assert len(out.slow) == out.examples and "net of Triton compilation" in out.slow[0]
 
 
+@pytest.mark.integration
 def test_flaky_failure_is_an_outcome_not_a_traceback(device):
     """A kernel that fails an example once and passes its replay makes hypothesis raise
     ``FlakyFailure`` (an ``ExceptionGroup``); the run reports it, with the case, as ``flaky``."""
-    from cases.generated import error_summary, run_generated
+    from parity.generated import error_summary, run_generated
     from cases.profiles import current_profile
     from kpool.indexer import forward
 
@@ -275,7 +282,7 @@ def test_flaky_failure_is_an_outcome_not_a_traceback(device):
 def test_shrink_budget_is_restored():
     from hypothesis.internal.conjecture import engine
 
-    from cases.profiles import shrink_budget
+    from parity.generated import shrink_budget
     before = engine.MAX_SHRINKING_SECONDS
     with shrink_budget(3):
         assert engine.MAX_SHRINKING_SECONDS == 3

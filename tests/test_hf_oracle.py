@@ -224,7 +224,7 @@ def test_oracle_hf_on_the_small_seed_suite(tmp_path):
     import pandas as pd
     table = pd.read_csv(tmp_path / "hf.csv")
     assert set(table["case"]) == {"prefill-tail", "decode-tail", "pool-boundary-decode", "prefill-topk",
-                                  "full-padding", "cache-only"}
+                                  "full-padding", "cache-only", "prefill-topk-no-tail"}
     assert table["real"].sum() == 0 and table["pooled real"].sum() == 0
     assert table["rows"].sum() == table[["agree", "exact-tie", "near-tie", "non-finite"]].sum().sum() > 400
     assert "hf: " in out.stdout and "0 real" in out.stdout

@@ -7,7 +7,6 @@ Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_metamorphic.py``.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from parity import metamorphic as mm
 
@@ -125,6 +124,7 @@ def test_unknown_relation_and_inapplicable_steps(device):
     assert len(df) == 0
 
 
+@pytest.mark.integration
 def test_cli_metamorphic_option(tmp_path, device):
     """``python -m parity run --metamorphic RELATION`` adds the relation's rows to the results."""
     import json

@@ -5,7 +5,9 @@
   with (checked in real spawned processes, before they import torch); cpu is not pinned;
 * merging: a ``--jobs 2`` run on the CPU interpreter gives the same results table, row for row,
   as ``--jobs 1``, plus the ``worker`` / ``worker_device`` columns (both workers used);
-* failures: a worker that raises or dies aborts the run with a message naming the case.
+* failures: a worker that raises aborts the run with a message naming the worker and the case;
+  a worker that dies (``BrokenProcessPool``) is a crash finding of its case, the other cases
+  still run.
 """
 import os
 import types
@@ -69,6 +71,7 @@ def test_cost_order_puts_large_cases_first():
     assert parallel.case_cost_order(cases) == [1, 3, 0, 2]
 
 
+@pytest.mark.integration
 def test_spawned_workers_start_pinned_before_torch(monkeypatch):
     """Real spawned processes: each sees only its device in its start-up environment."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
@@ -89,6 +92,7 @@ def _cli_report(tmp_path, jobs, device):
     return rc, pd.read_csv(out / "results.csv"), pd.read_csv(out / "timings.csv")
 
 
+@pytest.mark.integration
 def test_two_workers_merge_into_the_single_worker_report(tmp_path, device):
     devices = parallel.visible_devices(device)
 
@@ -108,40 +112,50 @@ def test_two_workers_merge_into_the_single_worker_report(tmp_path, device):
     assert (two.groupby(["case", "size"])["worker"].nunique() == 1).all()
 
 
-class _Proc:
-    def __init__(self, alive=True, exitcode=None):
-        self.alive, self.exitcode = alive, exitcode
-
-    def is_alive(self):
-        return self.alive
-
-
-class _Results:
-    """The result queue as a worker would have filled it."""
-
-    def __init__(self, *items):
-        self.items = list(items)
-
-    def get(self, timeout):
-        if self.items:
-            return self.items.pop(0)
-        import queue
-        raise queue.Empty
+def _die_on_case_named_die(case, run_kwargs):
+    """A pool task that kills its worker process on the case named ``die`` (a planted OOM kill)."""
+    if case.name == "die":
+        os._exit(9)
+    return parallel._run_one(case, run_kwargs)
 
 
-BIG = types.SimpleNamespace(case_id="big[glm5.3-flash]")
+def _seed_case(name="prefill-topk"):
+    from cases.scenarios import SCENARIOS
+    return SCENARIOS[name]("small")
 
 
-def test_worker_exception_names_the_case():
-    results = _Results(("start", 0, 1, None), ("error", 0, 1, "Traceback ...\nValueError: boom"))
-    with pytest.raises(ParallelRunError, match=r"worker 1 \(cuda:1\) failed on big\[glm5.3-flash\]:\n[\s\S]*ValueError: boom"):
-        parallel._collect([BIG], [_Proc(), _Proc()], ["cuda:0", "cuda:1"], results, None)
+@pytest.mark.integration
+def test_dead_worker_is_a_finding_and_the_other_cases_still_run(device):
+    """A worker that dies (BrokenProcessPool) is reported as a crash finding of its case; the
+    cases it took down with it rerun in fresh workers and pass."""
+    import dataclasses
+    from kpool.platform import resolve_device
+    resolve_device(device)
+    good = _seed_case()
+    die = dataclasses.replace(good, name="die")
+    out = parallel.run_cases([die, good], device=device, jobs=2, task=_die_on_case_named_die)
+    assert [r.case_id for r in out] == [die.case_id, good.case_id]
+    dead = out[0].findings
+    assert list(dead["output"]) == [parallel.WORKER_OUTPUT] and list(dead["verdict"]) == ["crash"]
+    assert "died twice" in dead["detail"].iloc[0] and out[0].steps_run == 0
+    assert out[1].ok and out[1].steps_run == len(good.steps)
 
 
-def test_dead_worker_is_reported_with_its_case():
-    results = _Results(("start", 0, 0, None))
-    with pytest.raises(ParallelRunError, match=r"worker 0 \(cuda:1\) died \(exit code -9\) while running big"):
-        parallel._collect([BIG], [_Proc(False, -9)], ["cuda:1"], results, None)
+@pytest.mark.integration
+def test_worker_exception_names_the_worker_and_the_case(device):
+    """A run_case that raises in a worker (a harness bug) aborts the run with the case's name and
+    the worker's traceback."""
+    from kpool.platform import resolve_device
+    resolve_device(device)
+    with pytest.raises(ParallelRunError, match=r"worker [01] \(cpu\) failed on (prefill-topk|decode-tail)"
+                                               r"\[small\]:\n[\s\S]*ValueError: mode must be"):
+        parallel.run_cases([_seed_case(), _seed_case("decode-tail")], device="cpu", jobs=2, mode="sideways")
+
+
+def test_dead_worker_result_is_one_crash_finding():
+    res = parallel.dead_worker_result(_seed_case(), "gone")
+    assert res.case_id == "prefill-topk[small]" and not res.ok and res.steps_run == 0
+    assert res.failures[["output", "verdict", "mismatches", "detail"]].values.tolist() == [["worker", "crash", 1, "gone"]]
 
 
 def test_jobs_must_be_positive():

@@ -1,4 +1,4 @@
-"""The public failure cases C01..C31 (cases.public; ../shared/cases/public-cases.md).
+"""The public failure cases C01..C31 (cases.public, run by parity.public; ../shared/cases/public-cases.md).
 
 * every public case passes kernel vs stateful reference vs whole-history oracle, bitwise, with
   its stated values asserted on what the kernel and the reference returned;
@@ -17,7 +17,9 @@ import sys
 import pytest
 import torch
 
-from cases.public import PUBLIC_CASES, Check, PublicRun, run_public
+from cases.public import PUBLIC_CASES, Check, PublicRun
+from parity.compare import bits
+from parity.public.runner import run_public, stated_checks
 
 _RUNS: dict = {}
 
@@ -46,17 +48,16 @@ def _corrupt(run: PublicRun) -> PublicRun:
     both sides: the stated values must fail even where kernel and reference agree): every index
     row shifted by one token, every cache and ring element's lowest bit flipped."""
     bad = copy.copy(run)
-    for side in ("kernel", "reference"):
-        rec = copy.copy(getattr(run, side))
-        rec.calls = []
-        for call in getattr(run, side).calls:
+    for side in ("kernel_calls", "reference_calls"):
+        calls = []
+        for call in getattr(run, side):
             c = copy.copy(call)
             if c.out is not None:
                 c.out = torch.where(c.out >= 0, c.out + 1, c.out)
-            c.compressed = (c.compressed.view(torch.int16) ^ 1).view(torch.bfloat16)
-            c.tail = (c.tail.view(torch.int32) ^ 1).view(torch.float32)
-            rec.calls.append(c)
-        setattr(bad, side, rec)
+            c.compressed = (bits(c.compressed) ^ 1).view(torch.bfloat16)
+            c.tail = (bits(c.tail) ^ 1).view(torch.float32)
+            calls.append(c)
+        setattr(bad, side, calls)
     return bad
 
 
@@ -67,7 +68,7 @@ def test_stated_values_fail_on_corrupted_outputs(cid, device):
     change; the planted-fault test below covers them)."""
     pc = PUBLIC_CASES[cid]
     runs, _ = _run(cid, device)
-    checks = pc.expect({name: _corrupt(run) for name, run in runs.items()})
+    checks = stated_checks(pc, {name: _corrupt(run) for name, run in runs.items()})
     assert any(not c.ok for c in checks), [c.name for c in checks]
 
 
@@ -92,6 +93,7 @@ def test_check_and_registry_shape():
     assert Check("x", False).verdict == "wrong-index"
 
 
+@pytest.mark.integration
 def test_cli_runs_the_public_suite(device):
     proc = subprocess.run([sys.executable, "-m", "parity", "run", "--device", device, "--suite", "public",
                            "--case", "C09", "C13", "--no-bundles"], capture_output=True, text=True, timeout=600)

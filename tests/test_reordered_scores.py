@@ -102,6 +102,7 @@ MUTANT_CASES = {"prefill-topk": ("visible-off-by-one", "ape-reversed", "tail-wro
 ONLY_CHUNKED = {"chunk-offset"}   # reachable only through prefill-topk's chunked step
 
 
+@pytest.mark.integration
 def test_planted_mutants_stay_uncertified():
     """Every planted fault of parity.mutants on the small random full-padding seed case (which
     catches all of them), on prefill-topk for the faults that change index rows, and on its

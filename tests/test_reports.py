@@ -11,12 +11,12 @@ import os
 import xml.etree.ElementTree as ET
 
 import pandas as pd
-import torch
 
 from cases.spec import CacheGeometry, Case, Step
 from kpool.config import SMALL
 from kpool.metadata import BatchSpec, RequestSpec
 from parity import compare as cmp
+from parity.compare import bits
 from parity import report
 
 P = SMALL.index_kpool
@@ -36,7 +36,7 @@ def planted_fault(**kw):
     for t in range(t_live):
         p, s = int(kw["positions"][t]), int(kw["slot_mapping"][t])
         if p in FAULT_POSITIONS and s >= 0:
-            cc.view(torch.int16)[s // B, s % B, 0, 2] ^= 0x0400
+            bits(cc)[s // B, s % B, 0, 2] ^= 0x0400
     return out
 
 

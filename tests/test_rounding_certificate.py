@@ -16,6 +16,7 @@ import torch
 
 from parity import certificates as certs
 from parity import compare as cmp
+from parity.compare import bits
 from reference.numerics import compress_pools, exp_fp32, round_bf16
 from tests.certificate_cases import D, P
 
@@ -46,23 +47,23 @@ def _window_case(k_value: float, budget=32, zero_gates=False):
 
 def _flip(cache, where, delta):
     out = cache.clone()
-    out.view(torch.int16)[where] += delta
+    bits(out)[where] += delta
     return out
 
 
 def _other_side(ref, where=(1, 0, 0, 0)):
-    return _flip(ref, where, 1 if int(ref.view(torch.int16)[where]) in (0x3F80,) else -1)
+    return _flip(ref, where, 1 if int(bits(ref)[where]) in (0x3F80,) else -1)
 
 
 def test_near_midpoint_element_is_certified():
     ref, ctx = _window_case(MID)
-    bits = int(ref.view(torch.int16)[1, 0, 0, 0])
-    assert bits in (0x3F80, 0x3F81)
+    ref_bits = int(bits(ref)[1, 0, 0, 0])
+    assert ref_bits in (0x3F80, 0x3F81)
     kern = _other_side(ref)
     rows = cmp.compare_compressed(kern, ref, context=ctx)
     assert [(r["verdict"], r["mismatches"], r["page"], r["page_row"], r["channel"]) for r in rows] == \
         [("rounding-boundary", 1, 1, 0, 0)]
-    assert ctx.carried == {(1, 0, 0): (int(kern.view(torch.int16)[1, 0, 0, 0]), bits)}
+    assert ctx.carried == {(1, 0, 0): (int(bits(kern)[1, 0, 0, 0]), ref_bits)}
 
 
 def test_two_ulp_difference_fails_with_location():
@@ -161,7 +162,7 @@ def test_heavy_cancellation_element_is_certified_and_the_old_budget_failed_it():
     ours = round_bf16(_hardware_pooled(k, gate, ape))
     ref = compress_pools(k, gate, ape)                                # the canonical reference value
     y64, bound, terms = certs.pooled_value_and_bound_f64(k.numpy(), gate.numpy(), ape.numpy(), budget_ulps=64)
-    key = lambda b: certs.bf16_order_key(b.view(torch.int16))                      # noqa: E731
+    key = lambda b: certs.bf16_order_key(bits(b))                      # noqa: E731
     adjacent = ((key(ours) - key(ref)).abs() == 1).nonzero().tolist()
     assert len(adjacent) > 10                                        # a fast exp flips many of them
     # the adjacent pair farthest from its midpoint in ulps of y: the old budget (64 ulps of y) fails it

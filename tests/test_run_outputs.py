@@ -34,6 +34,7 @@ def _parity(*args, device):
                           capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.integration
 def test_failing_runs_leave_the_checkout_untouched(device):
     """A failing generated run (planted fault: its warm-up, batches and engine sequences fail) and a
     failing seed case, both with the default output paths, run from the checkout's root."""

@@ -1,5 +1,5 @@
 """Hypothesis strategies and generated batches (cases.strategies, cases.genvalues, cases.patches,
-cases.coverage, cases.generated).
+parity.coverage, parity.generated).
 
 * the bit-pattern value constructors and every value family are bit-exact by construction;
 * drawn configs and batches are valid (metadata builds; bad-metadata steps are rejected by the
@@ -18,13 +18,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from cases import genvalues as gv
-from cases.patches import MetadataPatch, check_metadata
-from cases.scenarios import step_metadata
+from cases.patches import MetadataPatch
+from cases.steps import step_metadata
+from parity.checked_reference import check_metadata
 from cases.strategies import TINY, batch_cases, configs, engine_cases, scaled
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolBlockIdError
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata
 from tests.helpers import assert_generated_run_covers, assert_planted_fault_found_and_shrunk
+from parity.compare import assert_bitwise_equal, bits, same_bits
 
 QUICK = settings(max_examples=40, deadline=None, database=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -34,11 +36,11 @@ QUICK = settings(max_examples=40, deadline=None, database=None, derandomize=True
 
 def test_bf16_and_fp32_from_fields_are_the_bit_patterns():
     one = gv.bf16_from_fields(torch.tensor([0, 1, 0]), torch.tensor([127, 128, 0]), torch.tensor([0, 64, 1]))
-    assert one.view(torch.int16).tolist() == [0x3F80, (0xC000 | 0x40) - 0x10000, 1]
+    assert bits(one).tolist() == [0x3F80, (0xC000 | 0x40) - 0x10000, 1]
     assert one.to(torch.float32).tolist()[:2] == [1.0, -3.0]
     assert one[2].item() == 2.0 ** -133                                   # a bf16 subnormal, exactly
     f = gv.fp32_from_fields(torch.tensor([1]), torch.tensor([127]), torch.tensor([1]))
-    assert f.view(torch.int32).item() == -(2 ** 31) + (127 << 23) + 1
+    assert bits(f).item() == -(2 ** 31) + (127 << 23) + 1
 
 
 def test_random_values_are_generated_from_bits():
@@ -47,12 +49,12 @@ def test_random_values_are_generated_from_bits():
     sign = torch.randint(0, 2, (64,), generator=g2)
     exp = torch.randint(124, 129, (64,), generator=g2)
     man = torch.randint(0, 128, (64,), generator=g2)
-    bits = x.view(torch.int16).to(torch.int32) & 0xFFFF
-    assert torch.equal(bits >> 15, sign.to(torch.int32))
-    assert torch.equal((bits >> 7) & 0xFF, exp.to(torch.int32))
-    assert torch.equal(bits & 0x7F, man.to(torch.int32))
+    raw = bits(x).to(torch.int32) & 0xFFFF
+    assert_bitwise_equal(raw >> 15, sign.to(torch.int32))
+    assert_bitwise_equal((raw >> 7) & 0xFF, exp.to(torch.int32))
+    assert_bitwise_equal(raw & 0x7F, man.to(torch.int32))
     y = gv.random_fp32((256,), torch.Generator().manual_seed(1), -3, 2)
-    e = (y.view(torch.int32) >> 23) & 0xFF
+    e = (bits(y) >> 23) & 0xFF
     assert int(e.min()) >= 124 and int(e.max()) <= 129
 
 
@@ -69,13 +71,12 @@ def test_value_families_are_exact_and_deterministic(family):
     a = gv.generate_inputs(spec, cfg, meta, [10, 11])
     b = gv.generate_inputs(spec, cfg, meta, [10, 11])
     for name in a:
-        assert torch.equal(a[name].view(torch.int16 if a[name].element_size() == 2 else torch.int32),
-                           b[name].view(torch.int16 if b[name].element_size() == 2 else torch.int32))
+        assert_bitwise_equal(a[name], b[name], name=name)
     assert a["k"].dtype == torch.float32 and a["q"].dtype == torch.bfloat16
     # every K is a bf16 value widened to fp32 (the ring holds such values, kpool-algorithm.md §2)
-    assert torch.equal(a["k"].to(torch.bfloat16).to(torch.float32), a["k"])
+    assert_bitwise_equal(a["k"].to(torch.bfloat16).to(torch.float32), a["k"])
     if family == "exact":
-        assert torch.equal(a["k"][:12] * 4, (a["k"][:12] * 4).round()) and float(a["k"][:12].abs().max()) <= 1
+        assert same_bits(a["k"][:12] * 4, (a["k"][:12] * 4).round()) and float(a["k"][:12].abs().max()) <= 1
         assert not a["gate"][:12].any()
     if family in ("ties", "near-ties"):
         values = gv.TIE_VALUES if family == "ties" else gv.NEAR_TIE_VALUES
@@ -96,7 +97,7 @@ def test_tie_values_are_a_function_of_request_and_pool_only():
     other_step = gv.generate_inputs(gv.ValueSpec(family="ties", seed=2, pool_seed=9), cfg,
                                     _meta(cfg, [(4, 4, [0, 1], 0)]), [3])
     # positions 6, 7 (pool 1) agree across two different steps
-    assert torch.equal(chunked["k"][:2], other_step["k"][2:4])
+    assert_bitwise_equal(chunked["k"][:2], other_step["k"][2:4])
 
 
 def test_specials_are_injected_where_asked_and_nowhere_else():
@@ -111,7 +112,7 @@ def test_specials_are_injected_where_asked_and_nowhere_else():
     for name, where in (("q", (2, 1, 2)), ("weights", (2, 1)), ("k", (1, 2)), ("gate", (0, 0))):
         a, b = plain[name].clone().float(), hit[name].clone().float()
         a[where] = b[where] = 0
-        assert torch.equal(a, b), name
+        assert_bitwise_equal(a, b, name=str(name))
     spec = gv.ValueSpec(family="near-ties", seed=1, specials=specials, weights_bf16=True)
     assert gv.ValueSpec.from_json(spec.to_json()) == spec
 
@@ -180,7 +181,7 @@ def test_ring_block_patch_and_stale_lengths():
     bad = MetadataPatch("ring-block-out-of-range", (1, 3537, 4))(meta)
     assert bad.tail_block_table[:, 0].tolist() == [1, 3537, 0, 0]
     assert bad.tail_slot_mapping[3:5].tolist() == [3537 * 4 + 2, 3537 * 4 + 3]
-    assert torch.equal(bad.tail_slot_mapping[:3], meta.tail_slot_mapping[:3])
+    assert_bitwise_equal(bad.tail_slot_mapping[:3], meta.tail_slot_mapping[:3])
     stale = MetadataPatch("stale-padded-lengths", (2, 15, 4))(meta)
     assert stale.raw_seq_lens.tolist() == [3, 4, 15, 15] and stale.seq_lens.tolist() == [0, 1, 3, 3]
     patch = MetadataPatch("stale-padded-lengths", (2, 15, 4))
@@ -206,7 +207,7 @@ def _bad(meta, field, index, value):
 
 
 def test_reference_side_metadata_check_rejects_what_the_kernel_rejects():
-    """cases.patches.check_metadata (the harness's reference-side check, parity-contract.md §5)
+    """parity.checked_reference.check_metadata (the harness's reference-side check, parity-contract.md §5)
     passes valid metadata and rejects each kind of bad metadata the kernel's validation rejects."""
     from kpool.errors import KPoolMetadataError
     from kpool.validation import validate_forward
@@ -232,12 +233,14 @@ def test_reference_side_metadata_check_rejects_what_the_kernel_rejects():
 
 # ---- generated runs (the ci budget) -------------------------------------------------------------
 
+@pytest.mark.integration
 def test_generated_batches_pass_and_report_coverage(device, warm_kernels, capsys):
     assert_generated_run_covers("batch", device, capsys, min_passed=10, classes=(
         "visible=0", "visible<K", "visible>K", "cache-only step", "chunk read from ring",
         "mid-chunk pool completion", "merged score mode", "fixed tail layout"))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["visible-off-by-one", "ring-capacity-p"])
 def test_planted_fault_found_by_generated_batches_and_shrunk(name, device, warm_kernels, tmp_path):
     """'own incomplete pool visible' (C09) and 'P-slot ring' (C21): the ci budget of generated

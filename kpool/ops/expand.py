@@ -28,7 +28,7 @@ def _expand_kernel(
     out_ptr, stride_out_t, num_rows, width,
     positions_ptr, cum_query_lens_ptr, num_requests, top_keys_ptr, stride_top_t, stride_top_k,
     selected, index_topk, out_width,
-    P: tl.constexpr, PACK: tl.constexpr,
+    P: tl.constexpr, PACK: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):
     """``top_keys_ptr``: the int64 ``[T, selected]`` selected keys (:mod:`kpool.ops.topk`)."""
@@ -54,7 +54,7 @@ def _expand_kernel(
         high = (key >> 32).to(tl.int32)                              # the score's image
         pool = (0xFFFFFFFF - (key & 0xFFFFFFFF)).to(tl.int32)        # the inverted pool id
         val = tl.where(hist & (high > KEY_LOWEST_C), pool * P + (cols % P)[None, :], -1)
-        if P > 1:
+        if TAIL and P > 1:
             # Step 2, causal tail (§7): P-1 lanes at tail_col, overwriting history there.
             tail_start = ((pos + 1) // P) * P
             tail_count = pos + 1 - tail_start
@@ -75,7 +75,7 @@ def _expand_kernel(
 
 def expand_indices(*, top_keys: torch.Tensor, positions: torch.Tensor, cum_query_lens: torch.Tensor,
                    index_topk: int, index_kpool: int, pack_tail: bool, out: torch.Tensor,
-                   launch_options=None) -> None:
+                   always_select_tail: bool = True, launch_options=None) -> None:
     """Write every row of ``out`` (kpool-algorithm.md §4.5 steps 1-4, §7), in place.
 
     Live row ``t < T_live = cum_query_lens[R - 1]`` (position ``p``), column ``c``: history
@@ -85,7 +85,9 @@ def expand_indices(*, top_keys: torch.Tensor, positions: torch.Tensor, cum_query
     min(tail_start, K_tok)`` if ``pack_tail`` else ``K_tok``; columns ``tail_col + i``
     (``0 <= i < P-1``) get ``tail_start + i`` if ``i < tail_count`` else -1 (overwriting
     history); columns ``>= W = K_tok + P - 1``: -1. Rows ``t >= T_live``: -1 over the full
-    width. Equals ``reference.numerics.expand_row`` row by row.
+    width. With ``always_select_tail=False`` (HF's ``index_kpool_always_select_tail=False``,
+    kpool-algorithm.md §10) there is no tail step and ``W = K_tok``. Equals
+    ``reference.numerics.expand_row`` row by row.
 
     Args:
         top_keys: int64 ``[>= T_live, selected]`` selected keys in rank order (unit column stride;
@@ -94,6 +96,7 @@ def expand_indices(*, top_keys: torch.Tensor, positions: torch.Tensor, cum_query
         cum_query_lens: int32 ``[R]`` exclusive query ends (``R = 0``: every row is padding).
         index_topk, index_kpool: ``K_tok`` and ``P``.
         pack_tail: packed (column ``min(tail_start, K_tok)``) or fixed (column ``K_tok``) tail.
+        always_select_tail: append the causal tail (default); ``False``: history only, ``W = K_tok``.
         out: int32 ``[T, width >= W]``, unit column stride, any row stride; every element is written.
         launch_options: Triton launch kwargs (default from ``kpool.ops.plan``).
 
@@ -103,7 +106,7 @@ def expand_indices(*, top_keys: torch.Tensor, positions: torch.Tensor, cum_query
     if out.dtype != torch.int32 or top_keys.dtype != torch.int64:
         raise KPoolDtypeError(f"need int32 out and int64 top_keys, got {out.dtype}, {top_keys.dtype}")
     P, K = index_kpool, index_topk
-    W = K + P - 1
+    W = K + P - 1 if always_select_tail else K
     if out.dim() != 2 or out.shape[1] < W or (out.numel() > 0 and out.stride(1) != 1):
         raise KPoolShapeError(f"out {tuple(out.shape)} (stride {out.stride()}) needs width >= {W} "
                               "and unit column stride")
@@ -123,5 +126,5 @@ def expand_indices(*, top_keys: torch.Tensor, positions: torch.Tensor, cum_query
     _expand_kernel[(plan.grid,)](
         out, out.stride(0), T, width,
         positions.contiguous(), cum_query_lens.contiguous(), R, top_keys, top_keys.stride(0), top_keys.stride(1),
-        selected, K, W, P=P, PACK=bool(pack_tail), **plan.constexprs, **plan.options)
+        selected, K, W, P=P, PACK=bool(pack_tail), TAIL=bool(always_select_tail), **plan.constexprs, **plan.options)
     return None

@@ -29,6 +29,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from reference.numerics import visible_pools
+
 from .scores import ScoreBounds, score_bounds
 
 TIE_POLICIES = ("canonical", "any")
@@ -91,7 +93,7 @@ def visible_keys_f64(ctx: TieContext, t: int, cache: torch.Tensor) -> np.ndarray
     cum = [int(c) for c in ctx.host("cum_query_lens").tolist()]
     r = bisect.bisect_right(cum, t)
     p = int(ctx.host("positions")[t])
-    v = max(0, min((p + 1) // P, int(ctx.host("seq_lens")[r])))
+    v = visible_pools(p, int(ctx.host("seq_lens")[r]), P)
     N, B, _, D = cache.shape
     bt = ctx.host("block_table")[r]
     M = int(bt.shape[0])

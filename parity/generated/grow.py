@@ -1,4 +1,4 @@
-"""Grow the corpus with the shrunk cases of the planted faults: ``python -m cases.grow [--device cpu]``.
+"""Grow the corpus with the shrunk cases of the planted faults: ``python -m parity.generated.grow [--device cpu]``.
 
 For each fault of :data:`parity.mutants.PLANTED_FAULTS`, the generator that finds it under the
 ``ci`` budget (:data:`FINDERS`) runs against that mutant; the shrunk failure is written to
@@ -20,17 +20,17 @@ FINDERS = {"visible-off-by-one": "batch", "ring-stash-gated-on-pool-slot": "engi
 
 def main(argv=None) -> int:
     """Entry point; returns the exit status (1 when a planted fault was not found)."""
-    parser = argparse.ArgumentParser(prog="python -m cases.grow", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m parity.generated.grow", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda", "npu"))
     parser.add_argument("--dir", default=None, help="corpus directory (default cases/corpus)")
     args = parser.parse_args(argv)
     from kpool.platform import resolve_device
     device = resolve_device(None if args.device == "auto" else args.device)
-    from parity.mutants import PLANTED_FAULTS, load_mutant
+    from cases.corpus import default_directory, describe, save_case
+    from cases.profiles import load_profile
 
-    from .corpus import default_directory, describe
-    from .generated import run_generated
-    from .profiles import load_profile
+    from ..mutants import PLANTED_FAULTS, load_mutant
+    from .driver import run_generated
     prof = load_profile("ci")
     status = 0
     for fault, mutant in PLANTED_FAULTS.items():
@@ -41,7 +41,6 @@ def main(argv=None) -> int:
             print(f"{mutant}: NOT FOUND in {out.examples} examples", file=sys.stderr)
             status = 1
             continue
-        from .corpus import save_case
         verdicts = sorted(set(out.result.failures["verdict"]))
         path = save_case(out.case, args.dir or default_directory(), name=f"planted-{mutant}",
                          expect=f"fail:{mutant}", found_by=f"generated-{FINDERS[mutant]} (ci profile)",

@@ -17,6 +17,11 @@ from typing import Dict, Iterable, List, Tuple
 
 import torch
 
+from cases.steps import step_metadata
+from cases.values import case_ape, make_inputs, row_requests
+from reference.numerics import LOWEST, canonical_topk, pool_scores, sanitize_scores, visible_pools
+from reference.oracle import HistoryOracle
+
 REQUIRED: Tuple[Tuple[str, str], ...] = (
     ("pool-boundary decode", "decode row whose token completes a pool ((p+1) % P == 0)"),
     ("mid-chunk pool completion", "a pool completed by a non-last row of a multi-row chunk"),
@@ -71,12 +76,6 @@ def classify_case(case) -> Tuple[Counter, Dict[int, set], Dict[int, set]]:
         ``P=.``, ``B=.`` labels), and per pool size ``P`` the sets of tail lengths ``(p+1) % P`` of
         scored rows and of chunk-start residues ``cached_len % P`` of mid-sequence chunks.
     """
-    from reference.numerics import LOWEST, canonical_topk, pool_scores, sanitize_scores
-    from reference.oracle import HistoryOracle
-
-    from .scenarios import step_metadata
-    from .values import case_ape, make_inputs, row_requests
-
     cfg = case.config
     P, K = cfg.index_kpool, cfg.topk_pools
     classes: Counter = Counter({f"P={P}": 1, f"B={case.geometry.page_size}": 1})
@@ -156,7 +155,7 @@ def classify_case(case) -> Tuple[Counter, Dict[int, set], Dict[int, set]]:
         for t in range(T_live):
             r = int(req_of[t])
             rid, p = step.request_ids[r], int(meta.positions[t])
-            vis = min((p + 1) // P, int(meta.seq_lens[r]))
+            vis = visible_pools(p, int(meta.seq_lens[r]), P)
             classes[_visible_class(vis, K)] += 1
             tails[P].add((p + 1) % P)
             if qlens[r] == 1 and (p + 1) % P == 0:
@@ -208,6 +207,18 @@ class Coverage:
             self.tails[P] |= seen
         for P, seen in residues.items():
             self.residues[P] |= seen
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Coverage":
+        """Inverse of :meth:`to_dict` (``missing`` is recomputed): a shard's coverage for
+        :mod:`parity.merge`."""
+        out = cls()
+        out.cases = int(data["cases"])
+        out.classes = Counter({k: int(v) for k, v in data["classes"].items()})
+        for mine, theirs in ((out.tails, data["tail_lengths"]), (out.residues, data["chunk_residues"])):
+            for P, seen in theirs.items():
+                mine[int(P)] = set(seen)
+        return out
 
     def merge(self, other: "Coverage") -> "Coverage":
         """Add another run's coverage into this one; returns self."""
@@ -264,3 +275,40 @@ def _ranges(values: Iterable[int]) -> str:
         parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+def _row_visible_pools(metadata, index_kpool: int) -> torch.Tensor:
+    """int64 ``[T_live]``: :func:`reference.numerics.visible_pools` of every live row."""
+    T_live = metadata.num_live_tokens
+    req = row_requests(metadata)[:T_live]
+    seq = metadata.seq_lens.to("cpu", torch.int64)
+    return visible_pools(metadata.positions[:T_live].cpu(), seq[req], index_kpool)
+
+
+def case_stats(case) -> dict:
+    """Cost figures of a case, for budgeting interpreter runs.
+
+    Returns:
+        dict with ``rows`` (all rows, padding included), ``live_rows``, ``scored_rows``
+        (live rows of ``compute_topk`` steps), ``scored_pairs`` (sum of visible pools over scored
+        rows: the reference's scoring work), ``kernel_cells`` (``T * max_pool_seq_len`` summed over
+        scored steps: the score scratch the kernel fills), ``compressed_pools`` (rows completing a
+        pool), ``max_visible`` and ``rows_above_kpool`` (scored rows with visible > K_pool).
+    """
+    P, K = case.config.index_kpool, case.config.topk_pools
+    out = dict(rows=0, live_rows=0, scored_rows=0, scored_pairs=0, kernel_cells=0, compressed_pools=0,
+               max_visible=0, rows_above_kpool=0)
+    for step in case.steps:
+        meta = step_metadata(case, step)
+        vis = _row_visible_pools(meta, P)
+        out["rows"] += meta.num_tokens
+        out["live_rows"] += meta.num_live_tokens
+        out["compressed_pools"] += int((meta.slot_mapping >= 0).sum())
+        if step.compute_topk:
+            out["scored_rows"] += meta.num_live_tokens
+            out["scored_pairs"] += int(vis.sum())
+            out["kernel_cells"] += meta.num_tokens * meta.max_pool_seq_len
+            if vis.numel():
+                out["max_visible"] = max(out["max_visible"], int(vis.max()))
+                out["rows_above_kpool"] += int((vis > K).sum())
+    return out

@@ -1,19 +1,19 @@
 """Generated parity runs: hypothesis drives :func:`cases.strategies.batch_cases` or
 :func:`cases.strategies.engine_cases` through :func:`parity.runner.run_case` (kernel vs stateful
 reference vs whole-history oracle, lockstep, after every step), shrinks any failure to a minimal
-case and keeps it in the corpus (:mod:`cases.corpus`).
+case and keeps it in a corpus directory the caller names (:mod:`cases.corpus` format).
 
 Used by ``tests/test_strategies.py`` / ``tests/test_engine.py`` (the ``ci`` profile) and by
 ``python -m parity run --suite generated`` (profile by device). Each example:
 
-1. runs the case, the reference side wrapped in :func:`cases.patches.checked_reference` so bad metadata is rejected
-   on both sides (parity-contract.md §5);
+1. runs the case, the reference side wrapped in :func:`parity.checked_reference.checked_reference` so bad
+   metadata is rejected on both sides (parity-contract.md §5);
 2. on every ``repeat_every``-th example, runs it again and requires every kernel output and cache
    state to be bitwise identical to the first run (determinism, public case C27);
-3. measures its wall time net of Triton compilation (:class:`cases.profiles.JitClock`) and notes
+3. measures its wall time net of Triton compilation (:class:`parity.generated.warmup.JitClock`) and notes
    the examples slower than the profile's ``slow_example_s`` (a warning: nothing here depends on
    wall-clock time);
-4. adds the case to the :class:`cases.coverage.Coverage` of the run (until the first failure).
+4. adds the case to the :class:`parity.coverage.Coverage` of the run (until the first failure).
 
 The guaranteed-coverage cases of :mod:`cases.coverage_cases` run first (explicit examples).
 Whatever goes wrong (a parity failure, a harness exception, a nondeterministic kernel, a
@@ -22,18 +22,41 @@ as an exception out of :func:`run_generated`.
 """
 from __future__ import annotations
 
-import inspect
+import contextlib
+import dataclasses
+import hashlib
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Iterator, List, Optional
 
-from .coverage import Coverage
-from .profiles import JitClock, Profile, current_profile, shrink_budget
-from .recording import Recorder, same_bits
+from cases.bits import same_bits
+from cases.corpus import describe, save_case
+from cases.coverage_cases import guaranteed_cases
+from cases.profiles import Profile, current_profile
+from cases.strategies import batch_cases, engine_cases
+
+from ..checked_reference import checked_reference
+from ..coverage import Coverage
+from ..recording import Recorder
+from ..runner import run_case
+from .warmup import JitClock
 
 KINDS = ("batch", "engine")
+
+
+@contextlib.contextmanager
+def shrink_budget(seconds: float) -> Iterator[None]:
+    """Bound hypothesis's shrinking phase to ``seconds`` (``MAX_SHRINKING_SECONDS`` is
+    documented as monkeypatchable) and restore it afterwards."""
+    from hypothesis.internal.conjecture import engine
+    old = engine.MAX_SHRINKING_SECONDS
+    engine.MAX_SHRINKING_SECONDS = seconds
+    try:
+        yield
+    finally:
+        engine.MAX_SHRINKING_SECONDS = old
 
 
 class ParityFailure(AssertionError):
@@ -134,7 +157,6 @@ def error_summary(error: BaseException, limit: int = 4) -> str:
 
 def failure_message(case, result, limit: int = 12) -> str:
     """Human-readable failure: the case (one line per step) and its first failing findings."""
-    from .corpus import describe
     lines = ["generated case failed:"] + describe(case)
     bad = result.failures
     cols = [c for c in ("step", "step_name", "output", "verdict", "mismatches", "row", "position", "column",
@@ -157,7 +179,6 @@ def _determinism_findings(first: Recorder, second: Recorder) -> List[str]:
 
 def fingerprint(case) -> str:
     """A string that identifies a generated case (configuration, layout, steps, APE bits)."""
-    import hashlib
     h = hashlib.blake2b(digest_size=16)
     h.update(repr((case.config, case.geometry, case.values, case.seed)).encode())
     for s in case.steps:
@@ -171,9 +192,6 @@ def fingerprint(case) -> str:
 def _trim(outcome: GeneratedOutcome, device, kernel_forward, reference, check_oracle) -> None:
     """Cut the shrunk case after its first failing step (lockstep: later steps cannot change it)
     when hypothesis's time-bounded shrinking left trailing steps; keeps it only if it still fails."""
-    import dataclasses
-
-    from parity.runner import run_case
     case, res = outcome.case, outcome.result
     failing = sorted({int(s) for s in res.failures["step"].dropna()})
     if not failing or failing[0] + 1 >= len(case.steps):
@@ -205,7 +223,7 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
         examples: override of the profile's example count.
         kernel_forward / reference_forward: sides under test (defaults: production kernels,
             ``reference.stateful.forward``); the reference is always wrapped in
-            :func:`cases.patches.checked_reference`.
+            :func:`parity.checked_reference.checked_reference`.
         check_oracle: also check reference vs whole-history oracle.
         seed: hypothesis seed; ``None`` keeps the profile's (:attr:`cases.profiles.Profile.seed`).
         corpus_dir: save the shrunk failure there (``None``: do not save). Callers pass a run's
@@ -218,7 +236,7 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
             profile's); later attempts of cases not already seen failing pass at once, so the
             shrunk result depends on a count, not on the machine's speed.
         bounds: :class:`cases.strategies.Bounds` override.
-        collect_coverage: classify passing examples (:mod:`cases.coverage`).
+        collect_coverage: classify passing examples (:mod:`parity.coverage`).
         guaranteed: first check :func:`cases.coverage_cases.guaranteed_cases` (explicit
             examples; planted-fault searches turn them off to test the generator and shrinker).
 
@@ -233,12 +251,6 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
     from hypothesis import seed as hypothesis_seed
     from hypothesis.reporting import with_reporter
 
-    from parity.runner import run_case
-
-    from .coverage_cases import guaranteed_cases
-    from .patches import checked_reference
-    from .strategies import batch_cases, engine_cases
-
     prof = profile or current_profile()
     bounds = bounds or prof.bounds
     n = examples if examples is not None else (prof.batch_examples if kind == "batch" else prof.engine_examples)
@@ -248,8 +260,8 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
     state = {"failed": False, "after_failure": 0}
     budget_calls = prof.shrink_calls if shrink_calls is None else shrink_calls
     failing: set = set()           # fingerprints of cases seen failing (the final replay is one)
-    # A shrink attempt only needs its first failing step, where the runner supports stopping there.
-    early_stop = {"stop_on_failure": True} if "stop_on_failure" in inspect.signature(run_case).parameters else {}
+    # A shrink attempt only needs its first failing step.
+    early_stop = {"stop_on_failure": True}
 
     def check(case):
         outcome.examples += 1
@@ -320,7 +332,6 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
         _trim(outcome, device, kernel_forward, reference, check_oracle)
     outcome.wall_s = time.perf_counter() - t0
     if outcome.case is not None and corpus_dir is not None:
-        from .corpus import save_case
         info = {"found_by": f"generated-{kind} ({prof.name} profile)",
                 "fault": str(outcome.error).splitlines()[0][:200], **(corpus_info or {})}
         outcome.saved = save_case(outcome.case, corpus_dir, **info)

@@ -1,0 +1,130 @@
+"""``python -m parity run --suite generated``: warm the kernel under test, then a profile's budget
+of generated batches and engine sequences on it (:func:`parity.generated.run_generated`), with
+coverage accounting; a shrunk failure is kept in the run's ``corpus-candidates`` directory
+(:func:`parity.commands.candidates_dir`), never in the checkout."""
+from __future__ import annotations
+
+import json
+import os
+
+from cases.corpus import describe
+from cases.profiles import load_profile
+
+from ..coverage import Coverage
+from .driver import error_summary, run_generated
+from .warmup import warm_kernels
+
+
+def _default_profile(device: str) -> str:
+    return "ci" if device == "cpu" else "device"
+
+
+def _expectation(kernel: str) -> dict:
+    """Corpus provenance of a generated failure found with ``kernel``: a planted fault's case must
+    fail on that mutant and pass on the real kernels."""
+    if kernel.startswith("mutant:"):
+        return {"expect": f"fail:{kernel.split(':', 1)[1]}"}
+    return {"expect": "pass", **({"kernel": kernel} if kernel != "kpool" else {})}
+
+
+def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine"), kernel_forward=None,
+                        counts=None) -> int:
+    """Warm the kernel under test, then run a profile's budget of generated batches and engine
+    sequences on it; print coverage. Every failure is a finding, never a traceback: a failing
+    warm-up case is printed as a results table and bundled, a shrunk generated failure is printed,
+    bundled and kept in the run's ``corpus-candidates`` directory (promote it with
+    ``python -m parity corpus add PATH``)."""
+    from rich.markup import escape
+
+    from .. import commands, report
+
+    name = getattr(args, "profile", None) or os.environ.get("HYPOTHESIS_PROFILE") or _default_profile(device)
+    try:
+        prof = load_profile(name)
+    except KeyError as exc:
+        return commands.usage_error(f"python -m parity run: error: {exc.args[0]}")
+    options = commands.run_options(args, device, "python -m parity run")
+    if isinstance(options, str):
+        return commands.usage_error(options)
+    bundles_dir = commands.bundle_dir(args)
+    status, lines = commands.EXIT_OK, []
+    warm = warm_kernels(device, kpools=prof.bounds.kpools, score_modes=("relu", "merged"),
+                        kernel_forward=kernel_forward)
+    console.print(f"[bold]generated[/]: kernel={escape(args.kernel)}, profile {prof.name} ({prof.batch_examples} batches, "
+                  f"{prof.engine_examples} engine sequences, plus the guaranteed-coverage cases; "
+                  f"{'fixed order, seed ' + str(prof.seed) if prof.seed is not None else 'random order'}; "
+                  f"no deadline; kernels warmed in {warm.seconds:.1f} s)")
+    if not warm.ok:
+        status = commands.EXIT_FAIL
+        console.print(f"[red]warm-up FAILED[/]: {len(warm.failed)} warm-up cases disagree with the reference")
+        report.print_results(report.results_table([res for _, res in warm.failed]), console=console,
+                             title="KPool parity: generated-suite warm-up")
+        for case, res in warm.failed:
+            if bundles_dir:
+                commands.write_failure_bundle(res, case, options, bundles_dir, console)
+        lines.append(f"warm-up FAILED ({len(warm.failed)} cases)")
+    total = Coverage()
+    summary = {}
+    seed = args.seed if getattr(args, "seed", 0) else None
+    for kind in kinds:
+        out = run_generated(kind, device=device, profile=prof, seed=seed, kernel_forward=kernel_forward,
+                            check_oracle=not args.no_oracle, corpus_dir=commands.candidates_dir(args),
+                            corpus_info={"note": f"found by python -m parity run --suite generated ({prof.name})",
+                                         **_expectation(args.kernel)})
+        total.merge(out.coverage)
+        line = (f"  generated {kind}: {out.passed_examples} examples passed, {out.examples} run, "
+                f"{out.wall_s:.1f} s (compile {out.jit_s:.1f} s): ")
+        summary[kind] = {"passed_examples": out.passed_examples, "examples": out.examples, "wall_s": out.wall_s,
+                         "ok": out.ok, "failure": out.failure_kind, "saved": str(out.saved) if out.saved else None,
+                         "slow_examples": out.slow}
+        lines.append(f"{kind} {out.passed_examples}/{out.examples} examples passed"
+                     + ("" if out.ok else f", FAILED ({out.failure_kind})"))
+        if out.slow:
+            console.print(escape(f"  note: {len(out.slow)} {kind} examples slower than {prof.slow_example_s:g} s "
+                                 f"(a warning, not a failure): {out.slow[0]}"))
+        if out.ok:
+            console.print(line + "[green]ok[/]")
+            continue
+        status = commands.EXIT_FAIL
+        fixed = out.case is not None and any(str(t).startswith("coverage:") for t in out.case.tags)
+        how = ", a guaranteed-coverage case" if fixed else (", shrunk" if out.failure_kind == "parity" else "")
+        console.print(line + f"[red]FAILED[/] ({escape(str(out.failure_kind))}{how})")
+        _print_generated_failure(out, console, error_summary)
+        if out.result is not None and out.case is not None and bundles_dir:
+            commands.write_failure_bundle(out.result, out.case, options, bundles_dir, console)
+        if out.saved:
+            console.print(escape(f"  kept in {out.saved}; promote it into cases/corpus with: "
+                                 f"python -m parity corpus add {out.saved}"))
+    for text in total.lines() if total.cases else ["coverage: no generated case passed"]:
+        console.print(escape(text))
+    if counts is not None:
+        counts["generated"] = {"line": ("PASS: " if status == commands.EXIT_OK else "FAIL: ") + "; ".join(lines),
+                               "failures": int(status != commands.EXIT_OK)}
+    if args.report:
+        path = os.path.join(args.report, "generated")
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "coverage.json"), "w") as f:
+            json.dump({"profile": prof.name, "warm_up_ok": warm.ok, "runs": summary, "coverage": total.to_dict()},
+                      f, indent=1)
+        console.print(escape(f"generated report: {os.path.join(path, 'coverage.json')}"))
+    return status
+
+
+def _print_generated_failure(out, console, error_summary) -> None:
+    """The failure of a generated run, as findings: the case and its failing rows (parity), the
+    harness traceback (harness-crash), or the error's summary (flaky, nondeterministic, other)."""
+    import traceback
+
+    from rich.markup import escape
+
+    from .. import report
+    if out.failure_kind == "parity" and out.result is not None:
+        console.print(escape("\n".join(describe(out.case))))
+        report.print_results(report.results_table([out.result]), console=console, failures_only=True,
+                             title=f"KPool parity: generated {out.kind} (shrunk)")
+        return
+    console.print(escape(error_summary(out.error)), highlight=False)
+    inner = getattr(out.error, "exc", None)
+    if out.failure_kind == "harness-crash" and inner is not None:
+        console.print(escape("".join(traceback.format_exception(type(inner), inner, inner.__traceback__))),
+                      highlight=False)

@@ -1,0 +1,99 @@
+"""Running a public case (:mod:`cases.public`): every case of it through
+:func:`parity.runner.run_case` with recording forwards (:class:`parity.recording.Recorder`), then
+its stated values: the case's own checks on the records (``CASE.expect``), the checks that need
+the reference (:data:`parity.public.reference_checks.REFERENCE_CHECKS`) and those that call the
+kernels directly (:data:`parity.public.kernel_checks.KERNEL_CHECKS`).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Dict, List
+
+import pandas as pd
+
+from cases.public.model import PUBLIC_SIZE, Check, PublicCase, PublicRun
+
+from .. import compare as cmp
+from ..checked_reference import checked_reference
+from ..recording import Recorder
+from ..results import CaseResult
+from ..runner import run_case
+from .kernel_checks import KERNEL_CHECKS
+from .reference_checks import REFERENCE_CHECKS
+
+
+def run_with_recorders(case, device, *, check_oracle: bool = True, kernel_forward=None) -> PublicRun:
+    """Run ``case`` through :func:`parity.runner.run_case` with recording forwards (the reference
+    wrapped in :func:`parity.checked_reference.checked_reference`)."""
+    if kernel_forward is None:
+        from kpool.indexer import forward as kernel_forward
+    kernel = Recorder(kernel_forward)
+    reference = Recorder(checked_reference())
+    result = run_case(case, device=device, kernel_forward=kernel, reference_forward=reference,
+                      check_oracle=check_oracle)
+    return PublicRun(case, result, kernel.calls, reference.calls)
+
+
+def run_public(pc: PublicCase, device, *, kernel_forward=None):
+    """Run every case of ``pc`` and evaluate its checks.
+
+    Returns:
+        ``(runs, checks)``: ``{case name: PublicRun}`` and the :class:`cases.public.model.Check`
+        list (a ``negative control`` check per must-fail case, then the stated values: the case's
+        own, the reference's, the direct kernel calls'). An expectation that raises is one failed
+        check (verdict ``crash``) with its reason.
+    """
+    runs: Dict[str, PublicRun] = {}
+    checks: List[Check] = []
+    with warnings.catch_warnings():
+        # NaN / inf inputs make the interpreter's NumPy ops warn; the results are what is checked.
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+        for case in pc.build():
+            run = run_with_recorders(case, device, check_oracle=pc.check_oracle, kernel_forward=kernel_forward)
+            runs[case.name] = run
+            bad = run.result.failures
+            if case.name in pc.must_fail:
+                checks.append(Check(f"{case.name}: harness reports the planted fault", not bad.empty,
+                                    detail=", ".join(sorted(set(bad["verdict"]))) if not bad.empty else "no failure"))
+        try:
+            checks += stated_checks(pc, runs, device=device)
+        except Exception as exc:  # a crashed expectation is a failed one, with its reason
+            checks.append(Check("expectations evaluated", False, f"{type(exc).__name__}: {exc}", "crash"))
+    return runs, checks
+
+
+def stated_checks(pc: PublicCase, runs: Dict[str, PublicRun], *, device=None) -> List[Check]:
+    """Every stated value of ``pc`` on recorded ``runs``: the case's own checks, then those that
+    need the reference, then (when ``device`` is given) those that call the kernels directly.
+
+    Raises:
+        whatever an expectation raises (:func:`run_public` reports it as a failed check).
+    """
+    checks = list(pc.expect(runs))
+    if pc.cid in REFERENCE_CHECKS:
+        checks += REFERENCE_CHECKS[pc.cid](runs)
+    if device is not None and pc.cid in KERNEL_CHECKS:
+        checks += KERNEL_CHECKS[pc.cid](device, runs)
+    return checks
+
+
+def public_results(pc: PublicCase, device, *, kernel_forward=None) -> List[CaseResult]:
+    """``[CaseResult]`` of ``pc`` for the parity CLI: each must-pass case's harness findings plus
+    one finding per stated-value check (output ``expected:<check>``) on the first result; a
+    must-fail case contributes only its negative-control check."""
+    runs, checks = run_public(pc, device, kernel_forward=kernel_forward)
+    results = []
+    rows = [cmp.finding(f"expected:{c.name}"[:120], "exact" if c.ok else c.verdict, 0 if c.ok else 1,
+                        detail=c.detail[:300]) for c in checks]
+    first = True
+    for name, run in runs.items():
+        res = run.result
+        findings = res.findings if name not in pc.must_fail else cmp.findings_frame([])
+        if first:
+            extra = cmp.findings_frame(rows, case=f"{pc.cid}:{name}", size=PUBLIC_SIZE, step=-1, step_name="checks")
+            findings = pd.concat([findings, extra], ignore_index=True)
+            first = False
+        findings = findings.assign(case=f"{pc.cid}:{name}")
+        results.append(CaseResult(case=f"{pc.cid}:{name}", size=PUBLIC_SIZE, case_id=f"{pc.cid}:{name}[{PUBLIC_SIZE}]",
+                                  findings=findings, timings=res.timings, steps_run=res.steps_run, wall_s=res.wall_s))
+    return results
