@@ -7,7 +7,6 @@ the device (``kpool.platform.resolve_device``) before :func:`run_cases`.
 """
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, List, Optional, Sequence
@@ -68,30 +67,20 @@ class RunOptions:
 
 
 def resolve_kernel(spec: str) -> Callable:
-    """The forward function of a kernel spec.
+    """The forward function of a kernel spec (:func:`parity.implementations.resolve`).
 
     Args:
         spec: ``"kpool"`` (the production kernels), ``"mutant:<name>"`` (a planted fault of
-            :data:`parity.mutants.MUTANTS`) or ``"package.module:function"``.
+            :data:`parity.mutants.MUTANTS`), ``"package.module:function"``, or any kind
+            registered in :mod:`parity.implementations`.
     Returns:
         A callable with the ``kpool.indexer.forward`` signature.
     Raises:
         ValueError: a malformed spec; KeyError: unknown mutant; ImportError / AttributeError:
         the module or function does not exist.
     """
-    if spec == DEFAULT_KERNEL:
-        from kpool.indexer import forward
-        return forward
-    if spec.startswith("mutant:"):
-        from .mutants import MUTANTS, load_mutant
-        name = spec.split(":", 1)[1]
-        if name not in MUTANTS:
-            raise KeyError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
-        return load_mutant(name).forward
-    if ":" not in spec:
-        raise ValueError(f"kernel spec must be 'kpool', 'mutant:NAME' or 'module:function', got {spec!r}")
-    module, name = spec.split(":", 1)
-    return getattr(importlib.import_module(module), name)
+    from .implementations import resolve
+    return resolve(spec).forward
 
 
 def decode_steps(case) -> List[int]:
