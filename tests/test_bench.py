@@ -90,3 +90,24 @@ def test_eager_baseline_selects_what_the_kernels_select():
     eager = shapes.eager_forward(case, row_chunk=2)
     assert torch.equal(eager, kernel)
     assert (kernel[:, :16] >= 0).sum() > 20
+
+
+def test_eager_cache_update_writes_what_the_kernels_write():
+    """Pool-aligned prefills and a decode that completes no pool (the baseline pools aligned
+    chunks only, less work than the kernels): the eager update writes the kernels' ring bitwise
+    and exactly the compressed-cache slots the kernels write (its pooled values are a speed
+    baseline's: another softmax order, so only the slot set is compared)."""
+    from kpool.indexer import forward
+    cfg = shapes.KPoolConfig(index_n_heads=2, index_head_dim=16, index_kpool=4, index_topk=16)
+    case = shapes.build_case("t", "t", [(12, 20), (1, 41), (8, 8)], "cpu", config=cfg, compute_topk=False)
+    kw = case.kwargs
+    before = (kw["compressed_cache"].clone(), kw["tail_cache"].clone())
+    forward(**kw, validate=False)
+    kernel = (kw["compressed_cache"].clone(), kw["tail_cache"].clone())
+    kw["compressed_cache"].copy_(before[0])
+    kw["tail_cache"].copy_(before[1])
+    assert shapes.eager_forward(case) is None
+    assert torch.equal(kw["tail_cache"], kernel[1]) and not torch.equal(kernel[1], before[1])
+    written = lambda cache: (cache != before[0]).any(-1).flatten()       # noqa: E731
+    assert torch.equal(written(kw["compressed_cache"]), written(kernel[0]))
+    assert int(written(kernel[0]).sum()) == 5        # 3 pools of the 12-row chunk at 8, 2 of the 8-row prefill
