@@ -35,8 +35,8 @@ PARITY_FLAGS = $(if $(DEVICE),--device $(DEVICE)) --suite $(SUITE) --size $(SIZE
                $(if $(SEED),--seed $(SEED)) $(if $(REPORT),--report $(REPORT)) \
                $(if $(JUNIT),--junit $(JUNIT)) $(if $(filter-out 1,$(JOBS)),--jobs $(JOBS)) \
                $(PARITY_EXTRA)
-BENCH_SIZE ?= small
-BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) --size $(BENCH_SIZE)
+BENCH_JSON ?=
+BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) $(if $(BENCH_JSON),--json $(BENCH_JSON))
 
 # ---- pytest knobs ---------------------------------------------------------
 # xdist flags are dropped automatically if pytest-xdist is missing

@@ -111,3 +111,13 @@ def test_eager_cache_update_writes_what_the_kernels_write():
     written = lambda cache: (cache != before[0]).any(-1).flatten()       # noqa: E731
     assert torch.equal(written(kw["compressed_cache"]), written(kernel[0]))
     assert int(written(kernel[0]).sum()) == 5        # 3 pools of the 12-row chunk at 8, 2 of the 8-row prefill
+
+
+def test_targets_are_ratios_of_the_run():
+    row = dict(op="decode", time_ms=0.5, floor_ms=0.1, graph_ms=0.3, vs_compiled=2.5, copy_bw_frac=0.6)
+    got = {t["target"]: t["met"] for t in bench.check_targets([row])}
+    assert got == {"time_ms <= 4x floor": False, "graph_ms <= 4x floor (serving: replayed)": True,
+                   ">= 2x faster than torch.compile": True,
+                   "whole forward >= 50% of copy bandwidth (issue: score alone)": True}
+    assert [t["op"] for t in bench.check_targets([dict(row, op="compress", copy_bw_frac=0.39)])] == ["compress"]
+    assert not bench.check_targets([dict(row, op="compress", copy_bw_frac=0.39)])[0]["met"]
