@@ -127,8 +127,9 @@ def _module_function(spec: str, rest: str) -> Implementation:
 
 
 def _vllm_ascend(spec: str, rest: str) -> Implementation:
-    from .vllm_ascend import implementation
-    return implementation(spec, rest)
+    from .vllm_ascend import DECLARED, load
+    forward, description = load(rest)
+    return Implementation(spec, forward, description=description, **DECLARED)
 
 
 def _builtin() -> None:

@@ -37,8 +37,6 @@ import types
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional
 
-from . import Implementation
-
 PREFIX = "vllm-ascend:"
 INDEXER_FILE = "vllm_ascend/ops/triton/glm5_next_lightning_indexer.py"
 COMPRESS_FILE = "vllm_ascend/ops/triton/glm5_next_kpool_tail_compress.py"
@@ -220,9 +218,15 @@ def make_forward(compress: Callable, indexer: Callable) -> Callable:
     return forward
 
 
-def implementation(spec: str, path: str) -> Implementation:
-    """The :class:`Implementation` of ``vllm-ascend:PATH`` (registered in
-    :func:`parity.implementations._builtin`).
+DECLARED = dict(score_mode="merged", tie_policy="any", validates=False, interpreter_ok=True, package=None)
+"""The declared semantics of the kind (module docstring), the fields of its
+:class:`parity.implementations.Implementation` besides the forward."""
+
+
+def load(path: str) -> tuple:
+    """``(forward, description)`` of ``vllm-ascend:PATH`` (the factory in
+    :mod:`parity.implementations` builds the :class:`~parity.implementations.Implementation`
+    from them and :data:`DECLARED`; this module does not import that package: no cycle).
 
     Raises:
         FileNotFoundError / ImportError / AttributeError: see :func:`load_operators`.
@@ -230,6 +234,4 @@ def implementation(spec: str, path: str) -> Implementation:
     compress, indexer = load_operators(path)
     where = path or "installed vllm_ascend"
     revision = "tail_slot_mapping" if has_tail_slot_mapping(compress) else "older ring-addressing"
-    return Implementation(spec, make_forward(compress, indexer), score_mode="merged", tie_policy="any",
-                          validates=False, interpreter_ok=True, package=None,
-                          description=f"vLLM-Ascend operators at {os.fspath(where)} ({revision} tail compression)")
+    return make_forward(compress, indexer), f"vLLM-Ascend operators at {os.fspath(where)} ({revision} tail compression)"
