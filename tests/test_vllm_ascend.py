@@ -115,6 +115,43 @@ def test_exact_tie_reordering_passes_only_under_ties_any(tmp_path):
     assert (anyorder.findings["verdict"] == "tie-equivalent").sum() > 0
 
 
+@pytest.mark.parametrize("validate_with", ["kpool", "none"])
+def test_bad_input_is_rejected_by_the_callers_validation_and_said_so(validate_with):
+    """C05 (b): a bad ring block. The operators do not validate: with ``--validate-with kpool``
+    the harness's validation rejects it (and says so); with ``none`` nothing rejects it."""
+    from cases.public import PUBLIC_CASES
+    from parity.implementations.semantics import NOT_VALIDATED_NOTE
+    case = next(c for c in PUBLIC_CASES["C05"].build() if c.name == "tail-seed-b-bad-block")
+    impl = resolve(f"vllm-ascend:{STANDIN['new']}")
+    sem = resolve_semantics(impl, validate_with=validate_with)
+    res = run_case(sem.case(case), device="cpu", kernel_forward=sem.forward(impl.forward), tie_policy=sem.tie_policy)
+    errors = res.findings[res.findings["output"] == "error"]
+    assert len(errors) == 1
+    if validate_with == "kpool":
+        assert res.ok and NOT_VALIDATED_NOTE in errors["detail"].iloc[0]
+    else:
+        assert not res.ok and errors["verdict"].iloc[0] == "not-rejected"
+
+
+def test_direct_call_checks_call_the_implementation_under_test():
+    """C05's ``validate=False`` replay (parity.public.kernel_checks) launches the forward it is
+    given, every step, not ``kpool`` behind its back."""
+    from types import SimpleNamespace
+
+    from cases.public import PUBLIC_CASES
+    from parity.public.kernel_checks import KERNEL_CHECKS
+    case = with_score_mode(next(c for c in PUBLIC_CASES["C05"].build() if c.name == "tail-seed-b-bad-block"), "merged")
+    inner = resolve(f"vllm-ascend:{STANDIN['new']}").forward
+    calls = []
+
+    def counting(**kwargs):
+        calls.append(kwargs.get("validate", True))
+        return inner(**kwargs)
+    checks = KERNEL_CHECKS["C05"]("cpu", {case.name: SimpleNamespace(case=case)}, forward=counting, package=None)
+    assert calls == [True] + [False] * (len(case.steps) - 1)
+    assert all(c.ok for c in checks)
+
+
 def _cli(*args, timeout=900):
     env = dict(os.environ, PYTHONPATH=str(ROOT), KPOOL_DEVICE="cpu")
     return subprocess.run([sys.executable, "-m", "parity", *args], cwd=ROOT, env=env, capture_output=True,
