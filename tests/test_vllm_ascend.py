@@ -164,6 +164,12 @@ def test_list_implementations_names_every_kind():
     assert "--kernel vllm-ascend:PATH" in out.stdout and "--kernel mutant:NAME" in out.stdout
 
 
+def test_make_parity_kernel_knob_takes_a_checkout():
+    from tests.test_cli_usage import _make_parity_args
+    args = _make_parity_args(f"KERNEL=vllm-ascend:{STANDIN['old']}", "PARITY_EXTRA=--interp-rne --ties any")
+    assert args.kernel == f"vllm-ascend:{STANDIN['old']}" and args.interp_rne and args.ties == "any"
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("which", ["new", "old"])
 def test_cli_runs_a_standin_checkout_end_to_end(which, tmp_path):
