@@ -148,16 +148,18 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
     import pandas as pd
 
     from . import parallel as par
+    from .implementations.semantics import RunSemantics, from_options
     from .report import make_console
     from .runner import run_case
-    from .implementations.semantics import RunSemantics, from_options
     console = console or make_console()
     semantics = from_options(options)
     fn = kernel_forward or semantics.forward(resolve_kernel(options.kernel))
-    cases = [semantics.case(c) for c in cases]
-    if jobs > 1 and (options.kernel != DEFAULT_KERNEL or kernel_forward is not None or semantics != RunSemantics(
-            score_mode=semantics.score_mode)):
-        console.print(f"[yellow]--jobs {jobs} needs the production kernel and its semantics; running in this process[/]")
+    cases = [semantics.case(c) for c in cases]     # workers get the cases with their score mode
+    # workers run kpool's forward with canonical ties, unwrapped: any other semantics stays here
+    plain = semantics == RunSemantics(score_mode=semantics.score_mode)
+    if jobs > 1 and (options.kernel != DEFAULT_KERNEL or kernel_forward is not None or not plain):
+        console.print(f"[yellow]--jobs {jobs} needs the production kernel and its semantics; "
+                      "running in this process[/]")
         jobs = 1
     kwargs = dict(check_oracle=options.check_oracle, mode=options.mode, repeat=options.repeat)
     observer_for = None

@@ -33,7 +33,8 @@ def _store_kernel(x_ptr, stored_ptr, cast_ptr, rtne_ptr, n, BLOCK: tl.constexpr)
 
 def _values() -> torch.Tensor:
     rng = np.random.default_rng(3)
-    edge = [ABOVE_HALF, TIE_TO_EVEN, TIE_STAYS_EVEN, -ABOVE_HALF, 1.0, 0.0, -0.0, 3.0e38, 1e-40, float("inf"), -float("inf")]
+    edge = [ABOVE_HALF, TIE_TO_EVEN, TIE_STAYS_EVEN, -ABOVE_HALF, 1.0, 0.0, -0.0, 3.0e38, 1e-40,
+            float("inf"), -float("inf")]
     return torch.tensor(np.concatenate([edge, rng.standard_normal(53) * 10.0 ** rng.integers(-30, 30, 53)]),
                         dtype=torch.float32)
 

@@ -136,7 +136,8 @@ def _builtin() -> None:
     if "kpool" not in _KINDS:
         register_kind("kpool", "", _kpool, "kpool")
         register_kind("mutant", "mutant:", _mutant, "mutant:NAME")
-        register_kind("vllm-ascend", "vllm-ascend:", _vllm_ascend, "vllm-ascend:PATH (a vLLM-Ascend checkout; empty: installed)")
+        register_kind("vllm-ascend", "vllm-ascend:", _vllm_ascend,
+                      "vllm-ascend:PATH (a vLLM-Ascend checkout; empty: installed)")
 
 
 def usages() -> Tuple[str, ...]:
