@@ -12,8 +12,8 @@
   into ``cases/corpus`` (a run never writes there itself);
 * ``merge REPORT_DIR...``: combine the reports of a sharded run (``run --shard i/n`` on each
   host) into the report the unsharded run would have written (:mod:`parity.merge`);
-* ``list cases|mutants|relations``: what ``--case``, ``--kernel mutant:NAME`` and
-  ``--metamorphic`` can select.
+* ``list cases|mutants|relations|implementations``: what ``--case``, ``--kernel mutant:NAME``,
+  ``--metamorphic`` and ``--kernel SPEC`` can select.
 
 Building the parser imports no torch, so ``--help`` answers at once.
 
@@ -32,7 +32,7 @@ from .suites import SIZES, SUITES
 DEFAULT_SUITE = "all"
 DEFAULT_SIZE = "all"
 """The CLI's defaults, equal to the Makefile's ``SUITE ?= all`` / ``SIZE ?= all`` (a test checks)."""
-LIST_TOPICS = ("cases", "mutants", "relations")
+LIST_TOPICS = ("cases", "mutants", "relations", "implementations")
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--name", default=None, help="entry name (one PATH only; default: the candidate's)")
     add.add_argument("--dir", default=None, help="corpus directory (default: $KPOOL_CORPUS_DIR or cases/corpus)")
     add.add_argument("--force", action="store_true", help="replace an entry of the same name")
-    lst = sub.add_parser("list", help="what --case, --kernel mutant:NAME and --metamorphic can select")
+    lst = sub.add_parser("list", help="what --case, --kernel (mutant:NAME, other kinds) and --metamorphic can select")
     lst.add_argument("topic", choices=LIST_TOPICS)
     return parser
 
@@ -165,6 +165,11 @@ def _corpus(args) -> int:
 
 
 def _list(args) -> int:
+    if args.topic == "implementations":
+        from .implementations import usages
+        for usage in usages():
+            print(f"--kernel {usage}")
+        return EXIT_OK
     if args.topic == "mutants":
         from .mutants import MUTANTS, PLANTED_FAULTS
         generated = {m: f for f, m in PLANTED_FAULTS.items()}

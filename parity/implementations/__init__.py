@@ -10,6 +10,7 @@ an :class:`Implementation`:
 
 * ``kpool``: this repository's kernels (:mod:`kpool.indexer`);
 * ``mutant:NAME``: a planted fault (:mod:`parity.mutants`);
+* ``vllm-ascend:PATH``: vLLM-Ascend's two operators from a checkout (:mod:`.vllm_ascend`);
 * ``package.module:function``: any function with ``kpool.indexer.forward``'s signature.
 
 Later kinds (a vendor checkout, a git revision of this repository) add a module here and call
@@ -125,10 +126,18 @@ def _module_function(spec: str, rest: str) -> Implementation:
     return Implementation(spec, fn, description=f"{module}.{name}")
 
 
+def _vllm_ascend(spec: str, rest: str) -> Implementation:
+    from .vllm_ascend import DECLARED, load
+    forward, description = load(rest)
+    return Implementation(spec, forward, description=description, **DECLARED)
+
+
 def _builtin() -> None:
     if "kpool" not in _KINDS:
         register_kind("kpool", "", _kpool, "kpool")
         register_kind("mutant", "mutant:", _mutant, "mutant:NAME")
+        register_kind("vllm-ascend", "vllm-ascend:", _vllm_ascend,
+                      "vllm-ascend:PATH (a vLLM-Ascend checkout; empty: installed)")
 
 
 def usages() -> Tuple[str, ...]:
