@@ -15,6 +15,15 @@ MAX_CACHE_BYTES = 2 ** 38
 device and far above every case the harness builds."""
 REPLAYABLE_MODULES = ("kpool", "parity", "cases", "reference", "tests")
 """Top-level packages of this checkout whose functions a bundle may name as its kernel."""
+EXTERNAL_KINDS = ("vllm-ascend:", "git:")
+"""Kernel kinds that load code from outside this checkout's tree (a vendor checkout, another git
+revision): a bundle may record one, but a replay runs it only when the user names it again with
+``--kernel`` (:func:`needs_explicit_kernel`)."""
+
+
+def needs_explicit_kernel(spec: str) -> bool:
+    """Whether replaying a bundle recorded with ``spec`` needs ``--kernel SPEC`` spelled out."""
+    return isinstance(spec, str) and spec.startswith(EXTERNAL_KINDS)
 
 
 def check_kernel_spec(spec) -> None:
@@ -26,7 +35,7 @@ def check_kernel_spec(spec) -> None:
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"the bundle's kernel {spec!r} is not a kernel spec")
-    if spec == "kpool":
+    if spec == "kpool" or needs_explicit_kernel(spec):
         return
     if spec.startswith("mutant:"):
         from .mutants import MUTANTS

@@ -104,9 +104,13 @@ def replay(directory: str, *, device: Optional[str] = None, console=None,
     from kpool.platform import resolve_device
 
     from .bundle import diff_findings, git_revision, load_bundle
+    from .bundle_checks import needs_explicit_kernel
     from .session import resolve_kernel, run_cases
     dev = resolve_device(device)
     b = load_bundle(directory)
+    if kernel is None and needs_explicit_kernel(b.options.kernel):
+        raise ValueError(f"the bundle was recorded with kernel {b.options.kernel!r}, code outside this checkout: "
+                         f"replay it with --kernel {b.options.kernel} (a bundle does not choose code to load)")
     opts = dataclasses.replace(b.options, device=dev, kernel=kernel or b.options.kernel)
     try:
         resolve_kernel(opts.kernel)

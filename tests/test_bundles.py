@@ -206,6 +206,8 @@ def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device)
         "os-system": (set_kernel("os:system"), "replay runs only kpool"),
         "unknown-mutant": (set_kernel("mutant:nope"), "unknown planted fault"),
         "kernel-number": (set_kernel(42), "is not a kernel spec"),
+        # code outside the checkout: recorded, but run only when the user names it again
+        "vendor-kernel": (set_kernel("vllm-ascend:/somewhere/else"), "replay it with --kernel vllm-ascend:/somewhere/else"),
         "repeat-huge": (set_field(["run"], "repeat", MAX_REPEAT + 1), f"repeat is {MAX_REPEAT + 1}"),
         "repeat-zero": (set_field(["run"], "repeat", 0), "repeat is 0"),
         "repeat-text": (set_field(["run"], "repeat", "2"), "repeat is '2'"),
