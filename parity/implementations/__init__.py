@@ -10,6 +10,7 @@ an :class:`Implementation`:
 
 * ``kpool``: this repository's kernels (:mod:`kpool.indexer`);
 * ``mutant:NAME``: a planted fault (:mod:`parity.mutants`);
+* ``git:REV``: this repository's kernels at a git revision (:mod:`.git_rev`);
 * ``package.module:function``: any function with ``kpool.indexer.forward``'s signature.
 
 Later kinds (a vendor checkout, a git revision of this repository) add a module here and call
@@ -125,10 +126,16 @@ def _module_function(spec: str, rest: str) -> Implementation:
     return Implementation(spec, fn, description=f"{module}.{name}")
 
 
+def _git_revision(spec: str, rest: str) -> Implementation:
+    from .git_rev import factory
+    return factory(spec, rest)
+
+
 def _builtin() -> None:
     if "kpool" not in _KINDS:
         register_kind("kpool", "", _kpool, "kpool")
         register_kind("mutant", "mutant:", _mutant, "mutant:NAME")
+        register_kind("git", "git:", _git_revision, "git:REV")
 
 
 def usages() -> Tuple[str, ...]:
