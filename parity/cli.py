@@ -13,6 +13,7 @@
 * ``merge REPORT_DIR...``: combine the reports of a sharded run (``run --shard i/n`` on each
   host) into the report the unsharded run would have written (:mod:`parity.merge`);
 * ``ab --baseline IMPL --candidate IMPL``: two implementations bit for bit (:mod:`parity.ab`);
+* ``golden record|check DIR``: device goldens of every step's outputs (:mod:`parity.golden`);
 * ``list cases|mutants|relations``: what ``--case``, ``--kernel mutant:NAME`` and
   ``--metamorphic`` can select.
 
@@ -40,6 +41,7 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of every command (module docstring); imports no torch."""
     from .ab import add_ab_parser
+    from .golden import add_golden_parser
     from .replay import add_replay_parser
     parser = argparse.ArgumentParser(prog="python -m parity",
                                      description="Bit-exact parity of the KPool Triton kernels vs the PyTorch reference.")
@@ -57,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_arguments(record)
     add_replay_parser(sub)
     add_ab_parser(sub)
+    add_golden_parser(sub)
     merge = sub.add_parser("merge", help="combine the reports of a sharded run (run --shard i/n) into one",
                            description="Combine the --report directories of the shards of one run (python -m "
                                        "parity run --shard i/n --report DIR on each host) into the report the "
@@ -214,6 +217,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "ab":
         from .ab import ab_main
         return ab_main(args)
+    if args.command == "golden":
+        from .golden import golden_main
+        return golden_main(args)
     if args.command == "merge":
         from .merge import merge_main
         return merge_main(args)
