@@ -14,8 +14,9 @@
   host) into the report the unsharded run would have written (:mod:`parity.merge`);
 * ``ab --baseline IMPL --candidate IMPL``: two implementations bit for bit (:mod:`parity.ab`);
 * ``golden record|check DIR``: device goldens of every step's outputs (:mod:`parity.golden`);
-* ``list cases|mutants|relations``: what ``--case``, ``--kernel mutant:NAME`` and
-  ``--metamorphic`` can select.
+* ``bisect GOOD BAD --case NAME``: the first revision whose kernels change a case (:mod:`parity.bisect`);
+* ``list cases|mutants|relations|implementations``: what ``--case``, ``--kernel mutant:NAME``,
+  ``--metamorphic`` and ``--kernel`` / ``ab``'s ``IMPL`` can select.
 
 Building the parser imports no torch, so ``--help`` answers at once.
 
@@ -34,13 +35,14 @@ from .suites import SIZES, SUITES
 DEFAULT_SUITE = "all"
 DEFAULT_SIZE = "all"
 """The CLI's defaults, equal to the Makefile's ``SUITE ?= all`` / ``SIZE ?= all`` (a test checks)."""
-LIST_TOPICS = ("cases", "mutants", "relations")
+LIST_TOPICS = ("cases", "mutants", "relations", "implementations")
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of every command (module docstring); imports no torch."""
     from .ab import add_ab_parser
+    from .bisect import add_bisect_parser
     from .golden import add_golden_parser
     from .replay import add_replay_parser
     parser = argparse.ArgumentParser(prog="python -m parity",
@@ -60,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_parser(sub)
     add_ab_parser(sub)
     add_golden_parser(sub)
+    add_bisect_parser(sub)
     merge = sub.add_parser("merge", help="combine the reports of a sharded run (run --shard i/n) into one",
                            description="Combine the --report directories of the shards of one run (python -m "
                                        "parity run --shard i/n --report DIR on each host) into the report the "
@@ -171,6 +174,10 @@ def _corpus(args) -> int:
 
 
 def _list(args) -> int:
+    if args.topic == "implementations":
+        from .implementations import usages
+        print("\n".join(usages()))
+        return EXIT_OK
     if args.topic == "mutants":
         from .mutants import MUTANTS, PLANTED_FAULTS
         generated = {m: f for f, m in PLANTED_FAULTS.items()}
@@ -220,6 +227,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "golden":
         from .golden import golden_main
         return golden_main(args)
+    if args.command == "bisect":
+        from .bisect import bisect_main
+        return bisect_main(args)
     if args.command == "merge":
         from .merge import merge_main
         return merge_main(args)
