@@ -170,6 +170,7 @@ def _record(args, device, env, kind, impl, console, prog) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     manifest = {"format": FORMAT, "device_kind": kind, "environment": env, "implementation": impl.spec,
+                "implementation_description": impl.description, "implementation_package": impl.package,
                 "selection": {k: getattr(args, k) for k in SELECTION_KEYS}, "cases": {}}
     console.print(escape(f"golden record on {kind}: kernel={impl.spec}, {len(cases)} cases -> {out}"))
     for sel in cases:
@@ -204,7 +205,8 @@ def _check(args, device, kind, impl, found, console, prog) -> int:
     except (KeyError, ValueError) as exc:
         return _usage(f"{prog}: error: the recorded selection no longer selects: {exc.args[0]}")
     console.print(escape(f"golden check on {kind}: kernel={impl.spec} vs goldens of {manifest['implementation']} "
-                         f"recorded at git {(rec_env.get('git') or {}).get('revision')} (torch {rec_env.get('torch')}, "
+                         f"({manifest.get('implementation_description') or '-'}) recorded by the harness at git "
+                         f"{(rec_env.get('git') or {}).get('revision')} (torch {rec_env.get('torch')}, "
                          f"triton {rec_env.get('triton')}) in {directory}: {len(cases)} cases"))
     recorded = manifest["cases"]
     moved, seen = 0, set()
