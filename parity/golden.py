@@ -4,7 +4,7 @@ implementation once (say on the old revision) and check a later run against it b
 
 ``record`` runs the selected cases (:mod:`parity.selection`) on ``--kernel`` (default ``kpool``)
 and writes, under ``DIR/<device kind>/`` (:func:`device_kind`: ``cpu-interpreter``,
-``cuda-NVIDIA_H200``, ``npu-Ascend910B3``...):
+``cuda:NVIDIA H200``, ``npu:Ascend910B3``; the directory name has ``_`` for other characters...):
 
 * ``golden.json``: the device kind, the environment (:func:`parity.bundle.environment`: torch /
   triton versions, device name, git revision), the implementation, the selection options and, per

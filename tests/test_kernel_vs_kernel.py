@@ -108,22 +108,15 @@ def test_list_implementations_names_git_rev(capsys):
 
 @pytest.fixture(scope="module")
 def planted_clone(tmp_path_factory):
-    """A clone of this repository's HEAD plus 9 commits: 4 harmless, one that plants
-    :data:`PLANT` in the kernels (HEAD~4), 4 harmless."""
-    from parity.mutants import MUTANTS, apply_mutation
+    """A clone of this repository's HEAD plus 9 commits (:mod:`parity.planted_history`): 4
+    harmless, one that plants :data:`PLANT` in the kernels (HEAD~4), 4 harmless."""
+    from parity.planted_history import plant_history
     if subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("not a git checkout")
     clone = tmp_path_factory.mktemp("kvk") / "clone"
-    subprocess.run(["git", "clone", "-q", "--local", "--no-hardlinks", ROOT, str(clone)], check=True)
-    for i in range(9):
-        if i == 4:
-            rel, old, new, _ = MUTANTS[PLANT]
-            path = clone / "kpool" / rel
-            path.write_text(apply_mutation(path.read_text(), old, new))
-        else:
-            (clone / f"note-{i}.txt").write_text(f"harmless {i}\n")
-        git(clone, "add", "-A")
-        git(clone, "commit", "-q", "-m", "planted kernel change" if i == 4 else f"harmless {i}")
+    revs = plant_history(str(clone), repo=ROOT, mutant=PLANT, before=4, after=4)
+    assert git(clone, "rev-parse", "HEAD~4").strip() == revs["planted"]
+    assert git(clone, "rev-parse", "HEAD~9").strip() == revs["base"]
     return clone
 
 
@@ -173,7 +166,7 @@ def test_bisect_finds_the_planted_commit_and_leaves_the_checkout(planted_clone, 
     out = capfd.readouterr().out
     planted = git(planted_clone, "rev-parse", "HEAD~4").strip()
     assert f"first revision where prefill-tail's outputs change: {planted}" in out
-    assert "planted kernel change" in out and "MOVED prefill-tail[small] step 0 (prefill) indices" in out
+    assert f"planted kernel change: {PLANT}" in out and "MOVED prefill-tail[small] step 0 (prefill) indices" in out
     assert state(planted_clone) == before
     assert not os.path.exists(planted_clone / ".git" / "BISECT_START")
     assert main(["bisect", "HEAD~9", "HEAD~5", "--case", "prefill-tail", "--device", device]) == 1
