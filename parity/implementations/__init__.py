@@ -127,8 +127,10 @@ def _module_function(spec: str, rest: str) -> Implementation:
 
 
 def _git_revision(spec: str, rest: str) -> Implementation:
-    from .git_rev import factory
-    return factory(spec, rest)
+    from .git_rev import load_revision, package_name, resolve_revision
+    sha = resolve_revision(rest)
+    return Implementation(spec, load_revision(sha).forward, package=package_name(sha),
+                          description=f"this repository's kernels at {rest} ({sha[:12]})")
 
 
 def _builtin() -> None:

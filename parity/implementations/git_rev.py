@@ -85,12 +85,3 @@ def load_revision(rev: str, repo: Optional[str] = None, module: str = "indexer")
         shutil.rmtree(tmp, ignore_errors=True)
         subprocess.run(["git", "-C", top, "worktree", "prune"], capture_output=True)
     return importlib.import_module(f"{pkg}.{module}")
-
-
-def factory(spec: str, rest: str):
-    """The :class:`parity.implementations.Implementation` of ``git:REV`` (registered kind)."""
-    from . import Implementation
-    sha = resolve_revision(rest)
-    forward = load_revision(sha).forward
-    return Implementation(spec, forward, package=package_name(sha),
-                          description=f"this repository's kernels at {rest} ({sha[:12]})")
