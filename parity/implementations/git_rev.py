@@ -26,7 +26,10 @@ REPO_ENV = "KPOOL_GIT_REPO"
 
 def _git(repo: str, *args: str) -> str:
     """Run ``git -C repo ARGS`` and return its stdout; raise :class:`ValueError` with git's message."""
-    done = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True)
+    try:
+        done = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True)
+    except OSError as exc:   # no git on this host: git:REV cannot work here
+        raise ValueError(f"git:REV needs git, which cannot run here: {exc}") from exc
     if done.returncode != 0:
         raise ValueError(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip()
