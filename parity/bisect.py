@@ -105,7 +105,10 @@ def bisect_main(args) -> int:
             return EXIT_FAIL
         if chk.returncode != 1:
             return _usage(f"{prog}: error: checking {args.bad} failed (exit {chk.returncode})")
-        return _run_bisect(repo, good, bad, golden, work, env, args)
+        try:
+            return _run_bisect(repo, good, bad, golden, work, env, args)
+        except ValueError as exc:   # git refused (GOOD not an ancestor of BAD...)
+            return _usage(f"{prog}: error: {exc}")
     finally:
         _restore(repo, before)
         import shutil

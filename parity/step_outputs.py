@@ -102,7 +102,8 @@ class OutputDiff:
     detail: str = ""
 
     def text(self, a_name: str = "baseline", b_name: str = "candidate") -> str:
-        """One line: ``compressed_cache: 3/2048 differ, first page=2 page_row=1 channel=9: baseline 0x3F80 (1.0) vs candidate ...``."""
+        """One line: ``compressed_cache: 3/2048 differ, first region=view page=2 page_row=1
+        channel=9: baseline 0x3F80 (1.0 bf16) vs candidate 0x3F81 (1.0078125 bf16)``."""
         if self.count < 0:
             return f"{self.output}: {self.detail}"
         where = " ".join(f"{k}={v}" for k, v in (self.where or {}).items())
