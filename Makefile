@@ -43,8 +43,8 @@ AB_EXTRA ?=
 AB_FLAGS = --baseline $(BASELINE) --candidate $(CANDIDATE) $(if $(DEVICE),--device $(DEVICE)) \
            --suite $(SUITE) --size $(SIZE) $(if $(PROFILE),--profile $(PROFILE)) $(if $(SEED),--seed $(SEED)) \
            $(if $(REPORT),--report $(REPORT)) $(AB_EXTRA)
-BENCH_SIZE ?= small
-BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) --size $(BENCH_SIZE)
+BENCH_JSON ?=
+BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) $(if $(BENCH_JSON),--json $(BENCH_JSON))
 
 # ---- pytest knobs ---------------------------------------------------------
 # xdist flags are dropped automatically if pytest-xdist is missing
@@ -58,7 +58,7 @@ help:
 	@echo "make parity   - Triton kernels vs PyTorch reference: corpus of shrunk failures first, seed"
 	@echo "                scenarios, public cases C01..C31, a generated budget with coverage (SUITE=all)"
 	@echo "                (DEVICE=npu|cuda|cpu SIZE=$(SIZE) SUITE=all|corpus|seed|public|generated"
-	@echo "                 PROFILE=ci|dev|device|nightly KERNEL=kpool|mutant:NAME|module:function"
+	@echo "                 PROFILE=ci|dev|device|nightly KERNEL=kpool|mutant:NAME|vllm-ascend:PATH|module:function"
 	@echo "                 SEED= JOBS= REPORT=DIR JUNIT=FILE PARITY_EXTRA='more flags', e.g. '--shard 0/4';"
 	@echo "                 python -m parity merge DIR... combines the shards' reports)"
 	@echo "                A run writes only under REPORT (default ./parity-out): shrunk failures in"

@@ -70,6 +70,9 @@ def ab_main(args, console=None) -> int:
     for side in sides:
         if isinstance(side, str):
             return _usage(side)
+    sems = _shared_semantics(sides)
+    if isinstance(sems, str):
+        return _usage(f"{prog}: error: {sems}")
     try:
         cases = selected_cases(args, device, console)
     except (KeyError, ValueError) as exc:
@@ -79,11 +82,12 @@ def ab_main(args, console=None) -> int:
     from .bundle import environment
     name = environment(device).get("device_name")
     console.print(escape(f"ab on {device} ({name}): baseline={_label(sides[0])} candidate={_label(sides[1])}; "
-                         f"suite={args.suite} size={args.size} seed={args.seed}: {len(cases)} cases"))
+                         f"suite={args.suite} size={args.size} seed={args.seed}: {len(cases)} cases; "
+                         f"baseline {sems[0].text()}; candidate {sems[1].text()}"))
     rows: List[dict] = []
     failures = {"baseline": 0, "candidate": 0}
     for sel in cases:
-        (ra, sa), (rb, sb) = (run_captured(sel, impl, device) for impl in sides)
+        (ra, sa), (rb, sb) = (run_captured(sel, impl, device, sem) for impl, sem in zip(sides, sems))
         if not sel.must_fail:
             failures["baseline"] += len(ra.failures)
             failures["candidate"] += len(rb.failures)
@@ -108,6 +112,21 @@ def ab_main(args, console=None) -> int:
         return EXIT_FAIL
     console.print("[green]IDENTICAL[/]: every output of every step is bitwise equal")
     return EXIT_OK
+
+
+def _shared_semantics(sides):
+    """Each side's declared semantics (parity.implementations.semantics) with one score mode for
+    both: both sides must run the same cases. A message (str) when they declare different modes."""
+    import dataclasses
+
+    from .implementations.semantics import resolve_semantics
+    sems = [resolve_semantics(impl) for impl in sides]
+    modes = {s.score_mode for s in sems} - {None}
+    if len(modes) > 1:
+        return (f"{sides[0].spec} and {sides[1].spec} compute different score modes {sorted(modes)}: "
+                "their outputs cannot be compared bit for bit")
+    mode = modes.pop() if modes else None
+    return [dataclasses.replace(s, score_mode=mode) for s in sems]
 
 
 def _usage(message: str) -> int:

@@ -137,7 +137,7 @@ def bench_case(make_case, device, measure, ceilings: dict, *, compile_eager: boo
 
     from kpool.indexer import forward
 
-    from .bench_shapes import eager_chunk, eager_forward
+    from .bench_shapes import eager_forward, eager_plan, eager_scores, eager_update
     case = make_case()
     kernel = lambda: forward(**case.kwargs, validate=False)  # noqa: E731
     t = measure(kernel)
@@ -145,11 +145,12 @@ def bench_case(make_case, device, measure, ceilings: dict, *, compile_eager: boo
     graph = None
     if device.type == "cuda":       # the serving path: one decode step replayed from a graph
         graph = measure(graph_replay(kernel, device))
+    eager_plan(case)                # host-known index tensors, built once (not timed)
     eager = measure(lambda: eager_forward(case))
     compiled = None
-    if compile_eager and case.kwargs["compute_topk"]:
-        fn = torch.compile(eager_chunk, dynamic=False)
-        compiled = measure(lambda: eager_forward(case, chunk_fn=fn))
+    if compile_eager:               # the cache-only shape compiles its update alone
+        scores, update = torch.compile(eager_scores, dynamic=False), torch.compile(eager_update, dynamic=False)
+        compiled = measure(lambda: eager_forward(case, chunk_fn=scores, update_fn=update))
     row = dict(op=case.name, description=case.description, time_ms=1e3 * t, bytes_MB=case.bytes / 1e6,
                GFLOP=case.flops / 1e9, copy_bw_frac=case.bytes / t / ceilings["copy_bytes_per_s"],
                bf16_frac=case.flops / t / ceilings["bf16_flops_per_s"],
@@ -184,6 +185,26 @@ def environment(backend: str, device) -> dict:
     return env
 
 
+TARGETS = (
+    ("decode", "time_ms <= 4x floor", lambda r: r["time_ms"] <= 4 * r["floor_ms"]),
+    ("decode", "graph_ms <= 4x floor (serving: replayed)", lambda r: r["graph_ms"] is not None
+     and r["graph_ms"] <= 4 * r["floor_ms"]),
+    ("decode", ">= 2x faster than torch.compile", lambda r: r["vs_compiled"] is not None and r["vs_compiled"] >= 2),
+    ("decode", "whole forward >= 50% of copy bandwidth (issue: score alone)", lambda r: r["copy_bw_frac"] >= 0.5),
+    ("prefill", ">= 1.5x faster than torch.compile", lambda r: r["vs_compiled"] is not None and r["vs_compiled"] >= 1.5),
+    ("prefill", "whole forward >= 25% of bf16 matmul rate (issue: score alone)", lambda r: r["bf16_frac"] >= 0.25),
+    ("compress", ">= 40% of copy bandwidth", lambda r: r["copy_bw_frac"] >= 0.4),
+)
+"""Issue 10's targets as ``(op, what, test(row))``: ratios against this run's ceilings and
+baselines (the whole forward stands in for the score kernel: a stricter test)."""
+
+
+def check_targets(rows: List[dict]) -> List[dict]:
+    """One ``{op, target, met}`` row per target whose op was benchmarked."""
+    by_op = {r["op"]: r for r in rows}
+    return [dict(op=op, target=what, met=bool(test(by_op[op]))) for op, what, test in TARGETS if op in by_op]
+
+
 def compare(rows: List[dict], before: dict) -> List[dict]:
     """Per op of ``rows`` also in the stored run ``before`` (a ``--json`` file's content): times
     now and then and ``speedup = before / now``."""
@@ -200,7 +221,6 @@ def main(argv=None) -> int:
     parser.add_argument("--compile", default=None, help="all | none | comma-separated shape names "
                         "(default: all on cuda/npu, none on the interpreter)")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--size", default=None, help="ignored (kept for make's BENCH_SIZE)")
     parser.add_argument("--json", default=None, help="write the table, ceilings and environment")
     parser.add_argument("--compare", default=None, help="print the speedup against a stored --json run")
     parser.add_argument("--csv", default=None)
@@ -242,12 +262,17 @@ def main(argv=None) -> int:
               f"copy {ceilings['copy_bytes_per_s'] / 1e12:.3f} TB/s, bf16 matmul "
               f"{ceilings['bf16_flops_per_s'] / 1e12:.1f} TFLOP/s (measured now)")
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        targets = check_targets(rows)
+        if targets:
+            print("\ntargets (issue 10; ratios of this run):")
+            print(pd.DataFrame(targets).to_string(index=False))
         if before is not None:
             print(f"\nagainst {args.compare} ({before.get('environment', {}).get('date', '?')}):")
             print(pd.DataFrame(compare(rows, before)).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"environment": env, "ceilings": ceilings, "rows": rows}, f, indent=1)
+            json.dump({"environment": env, "ceilings": ceilings, "rows": rows, "targets": check_targets(rows)},
+                      f, indent=1)
     if args.csv:
         table.to_csv(args.csv, index=False)
     return 0

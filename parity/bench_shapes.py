@@ -6,7 +6,9 @@ A :class:`BenchCase` is one forward of ``kpool.indexer.forward`` on synthetic ca
 and the FLOPs it must do. :func:`eager_forward` is what a user would write in plain PyTorch
 instead: gather each request's pooled keys, bf16 ``einsum`` per head, ReLU, head weights and sum,
 causal mask, ``torch.topk``, expansion with the causal tail; and for the cache update a
-softmax-pooled window per completed pool (pool-aligned chunks only) and the ring copy. It lives
+softmax-pooled window per completed pool (pool-aligned chunks only) and the ring copy, batched
+over all requests with index tensors built once (:func:`eager_plan`), so that neither the eager
+run nor its ``torch.compile`` pays a Python loop per request. It lives
 here, not in ``reference/``: it is a speed baseline, not a numerics oracle (bf16 scores).
 """
 from __future__ import annotations
@@ -166,54 +168,103 @@ def eager_chunk(q, weights, keys, positions, *, index_kpool: int, index_topk: in
     return torch.where(tail, tail_val, out).to(torch.int32)
 
 
-def eager_forward(case: BenchCase, *, row_chunk: int = 256, chunk_fn=None) -> Optional[torch.Tensor]:
-    """The eager PyTorch forward of ``case``: the cache update, then for each group of requests of
-    one shape their pooled keys gathered through the page table and :func:`eager_chunk` (or
-    ``chunk_fn``, e.g. its ``torch.compile``) on ``row_chunk`` rows at a time. Returns ``[T, W]``
-    int32, or None for a cache-only case."""
-    kw, cfg = case.kwargs, case.config
-    P = cfg.index_kpool
-    eager_cache_update(case)
-    if not kw["compute_topk"]:
-        return None
-    chunk_fn = chunk_fn or eager_chunk
-    cache, bt = kw["compressed_cache"], kw["block_table"]
-    N, B, _, D = cache.shape
-    out = torch.empty((kw["q"].shape[0], cfg.output_width), dtype=torch.int32, device=cache.device)
-    starts, groups = [], {}
-    for r, (qlen, context) in enumerate(case.queries):
-        starts.append(sum(q for q, _ in case.queries[:r]))
-        groups.setdefault((qlen, context), []).append(r)
-    for (qlen, context), reqs in groups.items():
-        pools = context // P
-        rows = torch.tensor([[starts[r] + i for i in range(qlen)] for r in reqs], device=cache.device)
-        keys = cache[bt[reqs, :-(-pools // B)].long()].reshape(len(reqs), -1, D)[:, :pools]
-        for s in range(0, qlen, row_chunk):
-            idx = rows[:, s:s + row_chunk]
-            out[idx] = chunk_fn(kw["q"][idx], kw["weights"][idx], keys, kw["positions"][idx], index_kpool=P,
-                                index_topk=cfg.index_topk, score_mode=cfg.score_mode)
-    return out
+def eager_scores(q, weights, cache, pages, positions, *, pools: int, index_kpool: int, index_topk: int,
+                 score_mode: str = "relu"):
+    """:func:`eager_chunk` of rows whose requests' pooled keys are gathered here: ``cache`` the
+    compressed cache ``[N, B, 1, D]``, ``pages`` int64 ``[G, n_pages]`` each request's pages
+    (``pools`` pools). One function, so that ``torch.compile`` sees the gather too."""
+    G, D = pages.shape[0], cache.shape[-1]
+    keys = cache[pages].reshape(G, -1, D)[:, :pools]
+    return eager_chunk(q, weights, keys, positions, index_kpool=index_kpool, index_topk=index_topk,
+                       score_mode=score_mode)
 
 
-def eager_cache_update(case: BenchCase) -> None:
-    """Pool compression (softmax over each completed pool's window, pool-aligned chunks: the
-    window lies in this call's rows) and the ring copy of each request's last C rows, in place."""
+@dataclass
+class EagerPlan:
+    """The host-known index tensors the eager baseline uses (what a serving engine's metadata
+    builder knows in advance, like the kernels' ``T``): built once per case, on its device.
+
+    Attributes:
+        pool_rows: int64 ``[n, P]`` rows of each pool completed inside a pool-aligned chunk.
+        pool_slots: int64 ``[n]`` their compressed-cache slots (``slot_mapping``, ``>= 0``).
+        ring_rows: int64 ``[m]`` the last ``C`` rows of each request; ``ring_slots`` their
+            ``tail_slot_mapping`` entries.
+        groups: ``(rows [G, qlen] int64, pages [G, n_pages] int64, pools)`` per request shape.
+    """
+
+    pool_rows: torch.Tensor
+    pool_slots: torch.Tensor
+    ring_rows: torch.Tensor
+    ring_slots: torch.Tensor
+    groups: List[Tuple[torch.Tensor, torch.Tensor, int]]
+
+
+def eager_plan(case: BenchCase) -> EagerPlan:
+    """:class:`EagerPlan` of ``case`` (cached on it)."""
+    cached = getattr(case, "_eager_plan", None)
+    if cached is not None:
+        return cached
     kw, cfg = case.kwargs, case.config
     P, C = cfg.index_kpool, cfg.ring_capacity
-    D = kw["k"].shape[1]
+    dev = kw["k"].device
     B = kw["compressed_cache"].shape[1]
+    slot_mapping = kw["slot_mapping"].cpu()
+    pool_rows, ring_rows, starts, groups = [], [], [], {}
     start = 0
-    for qlen, context in case.queries:
+    for r, (qlen, context) in enumerate(case.queries):
+        starts.append(start)
+        groups.setdefault((qlen, context), []).append(r)
         if (context - qlen) % P == 0 and qlen >= P:
-            n = qlen // P
-            g = kw["gate"][start:start + n * P].view(n, P, D) + kw["ape"]
-            k = kw["k"][start:start + n * P].view(n, P, D)
-            pooled = (torch.softmax(g, dim=1) * k).sum(1).to(torch.bfloat16)
-            slots = kw["slot_mapping"][start + P - 1:start + n * P:P]
-            keep = slots >= 0
-            kw["compressed_cache"][slots[keep] // B, slots[keep] % B, 0] = pooled[keep]
-        last = slice(max(start, start + qlen - C), start + qlen)
-        tslots = kw["tail_slot_mapping"][last]
-        kw["tail_cache"][tslots // C, 0, tslots % C] = kw["k"][last]
-        kw["tail_cache"][tslots // C, 1, tslots % C] = kw["gate"][last]
+            pool_rows += [list(range(start + j * P, start + (j + 1) * P)) for j in range(qlen // P)
+                          if int(slot_mapping[start + (j + 1) * P - 1]) >= 0]
+        ring_rows += range(max(start, start + qlen - C), start + qlen)
         start += qlen
+    rows = torch.tensor(pool_rows, dtype=torch.int64).reshape(-1, P)
+    slots = slot_mapping[rows[:, -1]].to(torch.int64) if rows.numel() else torch.zeros(0, dtype=torch.int64)
+    ring = torch.tensor(ring_rows, dtype=torch.int64)
+    bt = kw["block_table"].cpu().to(torch.int64)
+    plan_groups = []
+    for (qlen, context), reqs in groups.items():
+        pools = context // P
+        grid = torch.tensor([[starts[r] + i for i in range(qlen)] for r in reqs], dtype=torch.int64)
+        plan_groups.append((grid.to(dev), bt[reqs, :-(-pools // B)].to(dev), pools))
+    plan = EagerPlan(rows.to(dev), slots.to(dev), ring.to(dev),
+                     kw["tail_slot_mapping"].cpu()[ring].to(torch.int64).to(dev), plan_groups)
+    object.__setattr__(case, "_eager_plan", plan)
+    return plan
+
+
+def eager_update(k, gate, ape, compressed_cache, tail_cache, pool_rows, pool_slots, ring_rows, ring_slots) -> None:
+    """Pool compression (softmax over each completed pool's window of this call's rows, fp32,
+    one bf16 rounding) and the ring copy of the given rows, in place; no Python loop, so
+    ``torch.compile`` can fuse it."""
+    D = k.shape[1]
+    C = tail_cache.shape[2]
+    if pool_rows.numel():
+        pooled = (torch.softmax(gate[pool_rows] + ape, dim=1) * k[pool_rows]).sum(1).to(torch.bfloat16)
+        compressed_cache.view(-1, D)[pool_slots] = pooled
+    ring = tail_cache.view(-1, 2, C, D)
+    ring[ring_slots // C, 0, ring_slots % C] = k[ring_rows]
+    ring[ring_slots // C, 1, ring_slots % C] = gate[ring_rows]
+
+
+def eager_forward(case: BenchCase, *, chunk_fn=None, update_fn=None, row_chunk: int = 256) -> Optional[torch.Tensor]:
+    """The eager PyTorch forward of ``case``: :func:`eager_update`, then for each group of requests
+    of one shape :func:`eager_scores` (or ``chunk_fn``, e.g. its ``torch.compile``) on
+    ``row_chunk`` rows at a time. Index tensors come from :func:`eager_plan` (built once).
+    Returns ``[T, W]`` int32, or None for a cache-only case."""
+    kw, cfg = case.kwargs, case.config
+    plan = eager_plan(case)
+    (update_fn or eager_update)(kw["k"], kw["gate"], kw["ape"], kw["compressed_cache"], kw["tail_cache"],
+                                plan.pool_rows, plan.pool_slots, plan.ring_rows, plan.ring_slots)
+    if not kw["compute_topk"]:
+        return None
+    chunk_fn = chunk_fn or eager_scores
+    cache = kw["compressed_cache"]
+    out = torch.empty((kw["q"].shape[0], cfg.output_width), dtype=torch.int32, device=cache.device)
+    for rows, pages, pools in plan.groups:
+        for s in range(0, rows.shape[1], row_chunk):
+            idx = rows[:, s:s + row_chunk]
+            out[idx] = chunk_fn(kw["q"][idx], kw["weights"][idx], cache, pages, kw["positions"][idx], pools=pools,
+                                index_kpool=cfg.index_kpool, index_topk=cfg.index_topk, score_mode=cfg.score_mode)
+    return out

@@ -16,7 +16,7 @@
 * ``golden record|check DIR``: device goldens of every step's outputs (:mod:`parity.golden`);
 * ``bisect GOOD BAD --case NAME``: the first revision whose kernels change a case (:mod:`parity.bisect`);
 * ``list cases|mutants|relations|implementations``: what ``--case``, ``--kernel mutant:NAME``,
-  ``--metamorphic`` and ``--kernel`` / ``ab``'s ``IMPL`` can select.
+  ``--metamorphic`` and ``--kernel SPEC`` can select.
 
 Building the parser imports no torch, so ``--help`` answers at once.
 
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--name", default=None, help="entry name (one PATH only; default: the candidate's)")
     add.add_argument("--dir", default=None, help="corpus directory (default: $KPOOL_CORPUS_DIR or cases/corpus)")
     add.add_argument("--force", action="store_true", help="replace an entry of the same name")
-    lst = sub.add_parser("list", help="what --case, --kernel mutant:NAME and --metamorphic can select")
+    lst = sub.add_parser("list", help="what --case, --kernel (mutant:NAME, other kinds) and --metamorphic can select")
     lst.add_argument("topic", choices=LIST_TOPICS)
     return parser
 
@@ -176,7 +176,8 @@ def _corpus(args) -> int:
 def _list(args) -> int:
     if args.topic == "implementations":
         from .implementations import usages
-        print("\n".join(usages()))
+        for usage in usages():
+            print(f"--kernel {usage}")
         return EXIT_OK
     if args.topic == "mutants":
         from .mutants import MUTANTS, PLANTED_FAULTS

@@ -16,6 +16,7 @@ Exit status of ``run`` and ``record``: 0 every check passes, 1 at least one fail
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -44,9 +45,26 @@ def add_run_options(parser) -> None:
                         help="run the kernel N times per step from identical caches; every run must be "
                              "bitwise identical (default: 2 on cuda/npu, 1 on the cpu interpreter; "
                              "1 = no determinism check)")
+    from .implementations.semantics import SCORE_MODES, TIE_POLICIES, VALIDATORS
     parser.add_argument("--kernel", default="kpool", metavar="SPEC",
                         help="implementation under test: kpool (default), mutant:NAME (a planted fault of "
-                             "parity.mutants; python -m parity list mutants), or package.module:function")
+                             "parity.mutants; python -m parity list mutants), vllm-ascend:PATH (vLLM-Ascend's "
+                             "operators from a checkout), or package.module:function (python -m parity list "
+                             "implementations)")
+    parser.add_argument("--score-mode", default=None, choices=SCORE_MODES,
+                        help="score mode of every case, both sides (kpool-algorithm.md 4.2; default: the "
+                             "implementation's declared mode, else each case's own)")
+    parser.add_argument("--ties", default=None, choices=TIE_POLICIES,
+                        help="top-k tie policy: canonical (exact ties lower id first) or any (a row passes when it "
+                             "is a valid top-k of its own scores; counted as tie-equivalent); default: the "
+                             "implementation's")
+    parser.add_argument("--validate-with", default=None, choices=VALIDATORS,
+                        help="kpool: run kpool's validation before the operator (bad-input steps then test the "
+                             "caller's validation, reported 'not validated by the operator'); none: the operator's "
+                             "own; default: kpool for an implementation that does not validate, else none")
+    parser.add_argument("--interp-rne", action="store_true",
+                        help="under the CPU interpreter, round fp32->bf16 casts and stores to nearest even as the "
+                             "hardware does (the interpreter truncates; docs/interpreter-rne.md)")
     parser.add_argument("--metamorphic", nargs="*", default=None, metavar="RELATION",
                         help="also check metamorphic relations on every step, bitwise (no name = all: "
                              f"{', '.join(RELATION_NAMES)})")
@@ -79,7 +97,7 @@ def candidates_dir(args) -> str:
 def run_options(args, device: str, prog: str):
     """The :class:`parity.session.RunOptions` of parsed ``run`` arguments on ``device``, or an
     error message (str) for a usage error."""
-    from .session import DEVICE_DECODE_RELATIONS, RELATION_NAMES, RunOptions, resolve_kernel
+    from .session import DEVICE_DECODE_RELATIONS, RELATION_NAMES, RunOptions
     repeat = DEFAULT_REPEAT.get(str(device), 2) if args.repeat is None else args.repeat
     if repeat < 1:
         return f"{prog}: error: --repeat must be >= 1"
@@ -90,13 +108,28 @@ def run_options(args, device: str, prog: str):
     if unknown:
         return f"{prog}: error: unknown metamorphic relation(s) {unknown}; known: {list(RELATION_NAMES)}"
     try:
-        resolve_kernel(args.kernel)      # fail early on a bad spec (run_cases resolves it again, cached)
+        semantics = run_semantics(args)   # fail early on a bad spec (run_cases resolves it again, cached)
     except Exception as exc:
         return f"{prog}: error: cannot load kernel {args.kernel!r}: {type(exc).__name__}: {exc}"
     return RunOptions(device=device, mode=args.mode, repeat=repeat, check_oracle=not args.no_oracle,
                       oracle=getattr(args, "oracle", "history"),
                       kernel=args.kernel, metamorphic=relations or [], seed_offset=args.seed,
-                      decode_relations=decode)
+                      decode_relations=decode, **dataclasses.asdict(semantics))
+
+
+def run_semantics(args):
+    """The :class:`parity.implementations.semantics.RunSemantics` of parsed ``run`` arguments:
+    ``--score-mode``, ``--ties``, ``--validate-with``, ``--interp-rne`` over the declared defaults
+    of ``--kernel``'s implementation.
+
+    Raises:
+        whatever :func:`parity.implementations.resolve` raises for a bad spec.
+    """
+    from .implementations import resolve
+    from .implementations.semantics import resolve_semantics
+    return resolve_semantics(resolve(args.kernel), score_mode=getattr(args, "score_mode", None),
+                             ties=getattr(args, "ties", None), validate_with=getattr(args, "validate_with", None),
+                             interp_rne=getattr(args, "interp_rne", False))
 
 
 def relations_text(options) -> str:
@@ -142,6 +175,7 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
     from rich.markup import escape
 
     from . import bundle, report
+    from .implementations.semantics import from_options
     from .session import run_cases
 
     options = run_options(args, device, prog)
@@ -152,7 +186,8 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
     env = bundle.environment(device)
     console.print(f"device={device} ({escape(str(env.get('device_name')))}) suite={args.suite} size={args.size} "
                   f"seed={args.seed} mode={args.mode} repeat={options.repeat} kernel={escape(args.kernel)} "
-                  f"oracle={'off' if args.no_oracle else 'on'} jobs={getattr(args, 'jobs', 1)}; "
+                  f"oracle={'off' if args.no_oracle else 'on'} jobs={getattr(args, 'jobs', 1)} "
+                  f"{escape(from_options(options).text())}; "
                   f"{escape(relations_text(options))}: {len(cases)} cases")
     bundles = {}
 

@@ -29,6 +29,7 @@ from .certificates import check_tie_policy
 from .checked_reference import checked_reference
 from .determinism import determinism_findings
 from .forwards import accepts_keyword, backend_of, call, torch_device
+from .implementations.semantics import validation_note
 from .localize import localize
 from .oracle_check import oracle_findings
 from .results import KEEP_OUTPUT_STEPS, TIMING_COLUMNS, CaseResult, StepOutputs  # noqa: F401 (the run's API)
@@ -286,6 +287,9 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
     rows, stop = [], False
     if step.expect_error is not None:
         rows += cmp.compare_errors(kexc, rexc, step.expect_error)
+        note = validation_note(kexc)        # --validate-with kpool: the caller's check rejected it
+        if note:
+            rows[-1]["detail"] = f"{note}; {rows[-1]['detail']}"
     else:
         for side, exc in (("kernel", kexc), ("reference", rexc)):
             if exc is not None:

@@ -43,6 +43,9 @@ class RunOptions:
             (:data:`DEVICE_DECODE_RELATIONS`) when ``--metamorphic`` is not given.
         oracle: ``"history"`` (the whole-history oracle only) or ``"hf"`` (also Hugging Face
             as a third implementation, :mod:`parity.hf_run`; ``--oracle hf``).
+        score_mode, tie_policy, validate_with, interp_rne: the semantics the implementation is
+            judged by (:class:`parity.implementations.semantics.RunSemantics`; ``--score-mode``,
+            ``--ties``, ``--validate-with``, ``--interp-rne`` or its declared defaults).
     """
 
     device: str = "cpu"
@@ -54,6 +57,10 @@ class RunOptions:
     seed_offset: int = 0
     decode_relations: List[str] = field(default_factory=list)
     oracle: str = "history"
+    score_mode: Optional[str] = None
+    tie_policy: str = "canonical"
+    validate_with: Optional[str] = None
+    interp_rne: bool = False
 
     def to_dict(self) -> dict:
         """JSON-able dict."""
@@ -141,12 +148,18 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
     import pandas as pd
 
     from . import parallel as par
+    from .implementations.semantics import RunSemantics, from_options
     from .report import make_console
     from .runner import run_case
     console = console or make_console()
-    fn = kernel_forward or resolve_kernel(options.kernel)
-    if jobs > 1 and (options.kernel != DEFAULT_KERNEL or kernel_forward is not None):
-        console.print(f"[yellow]--jobs {jobs} needs the production kernel; running in this process[/]")
+    semantics = from_options(options)
+    fn = kernel_forward or semantics.forward(resolve_kernel(options.kernel))
+    cases = [semantics.case(c) for c in cases]     # workers get the cases with their score mode
+    # workers run kpool's forward with canonical ties, unwrapped: any other semantics stays here
+    plain = semantics == RunSemantics(score_mode=semantics.score_mode)
+    if jobs > 1 and (options.kernel != DEFAULT_KERNEL or kernel_forward is not None or not plain):
+        console.print(f"[yellow]--jobs {jobs} needs the production kernel and its semantics; "
+                      "running in this process[/]")
         jobs = 1
     kwargs = dict(check_oracle=options.check_oracle, mode=options.mode, repeat=options.repeat)
     observer_for = None
@@ -190,7 +203,7 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
                 if bar is not None:
                     bar.update(task, description=case.case_id)
                 observer = observer_for(case) if observer_for is not None else None
-                res = run_case(case, device=options.device, kernel_forward=fn,
+                res = run_case(case, device=options.device, kernel_forward=fn, tie_policy=semantics.tie_policy,
                                on_step=(lambda c, i, s: bar.advance(task)) if bar is not None else None,
                                step_observer=observer, **kwargs)
                 if observer is not None:

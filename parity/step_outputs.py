@@ -51,18 +51,24 @@ class StepCapture:
         return []
 
 
-def run_captured(selected, implementation, device) -> Tuple[object, Dict[int, StepDict]]:
+def run_captured(selected, implementation, device, semantics=None) -> Tuple[object, Dict[int, StepDict]]:
     """Run one :class:`parity.selection.Selected` case on ``implementation`` (a
     :class:`parity.implementations.Implementation`) and the reference.
 
+    Args:
+        semantics: :class:`parity.implementations.semantics.RunSemantics` (score mode applied to
+            the case, validation / RNE wrapping, tie policy); default: the implementation's
+            declared ones (:func:`parity.implementations.semantics.resolve_semantics`).
     Returns:
         ``(CaseResult, {step: StepDict})``: the normal run's findings and every step's outputs.
     """
+    from .implementations.semantics import resolve_semantics
     from .runner import run_case
+    sem = semantics or resolve_semantics(implementation)
     capture = StepCapture()
-    result = run_case(selected.case, device=device, kernel_forward=implementation.forward,
+    result = run_case(sem.case(selected.case), device=device, kernel_forward=sem.forward(implementation.forward),
                       reference_forward=selected.reference_forward, check_oracle=selected.check_oracle,
-                      tie_policy=implementation.tie_policy, step_observer=capture, keep_outputs=0)
+                      tie_policy=sem.tie_policy, step_observer=capture, keep_outputs=0)
     return result, capture.steps
 
 

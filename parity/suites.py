@@ -125,8 +125,10 @@ def run_suite(args, device: str, console, *, prog: str = "python -m parity run")
     if args.case and len(parts) > 1:
         return usage_error(f"{prog}: error: --case needs one suite (--suite seed, corpus or public), not all")
     try:
-        from .session import resolve_kernel
-        kernel_forward = resolve_kernel(args.kernel)
+        from .implementations import resolve
+        implementation = resolve(args.kernel)
+        semantics = commands.run_semantics(args)
+        kernel_forward = semantics.forward(implementation.forward)
     except Exception as exc:
         return usage_error(f"{prog}: error: cannot load kernel {args.kernel!r}: {type(exc).__name__}: {exc}")
     if {"public", "generated"} & set(parts):
@@ -176,10 +178,10 @@ def run_suite(args, device: str, console, *, prog: str = "python -m parity run")
                       "REPORT/corpus-candidates", markup=False)
     if public_ids:
         status = max(status, run_public_suite(args, device, console, cids=public_ids, kernel_forward=kernel_forward,
-                                              counts=counts))
+                                              counts=counts, semantics=semantics, package=implementation.package))
     if kinds:
         status = max(status, run_generated_suite(args, device, console, kinds=kinds, kernel_forward=kernel_forward,
-                                                 counts=counts))
+                                                 counts=counts, semantics=semantics))
     if len(parts) > 1 and status != EXIT_USAGE:
         from .report import summary_line
         console.print("[bold]suites:[/]")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Compiled-mode validation on a GPU/NPU host: environment, `make parity` (all sizes, report +
-# JUnit) and the unit tests on the device. Output goes to ${OUT:-validation-out}/.
+# Compiled-mode validation on a GPU/NPU host: environment, the default `make parity` (every suite,
+# both sizes, device profile; report + JUnit), the tests on the device (both tiers) and `make
+# bench`. Output goes to ${OUT:-validation-out}/.
 # Usage: DEVICE=cuda bash scripts/device-validation.sh
 set -uo pipefail
 OUT=${OUT:-validation-out}
@@ -24,10 +25,13 @@ if torch.cuda.is_available():
 PY
 } | tee "$OUT/env.txt"
 start=$(date +%s)
-"$PY" -m parity run --device "$DEVICE" ${PARITY_ARGS:---suite seed --size all} --report "$OUT/report" --junit "$OUT/junit.xml" >"$OUT/parity.log" 2>&1
+"$PY" -m parity run --device "$DEVICE" --report "$OUT/report" --junit "$OUT/junit.xml" >"$OUT/parity.log" 2>&1
 echo "parity rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/env.txt"
 tail -n 3 "$OUT/parity.log"
 start=$(date +%s)
 "$PY" -m pytest -q -p no:cacheprovider --device "$DEVICE" ${PYTEST_ARGS:--n 4} tests >"$OUT/pytest.log" 2>&1
 echo "pytest rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/env.txt"
 tail -n 15 "$OUT/pytest.log"
+"$PY" -m parity.bench --device "$DEVICE" --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
+echo "bench rc=$?" | tee -a "$OUT/env.txt"
+tail -n 12 "$OUT/bench.log"

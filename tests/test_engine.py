@@ -15,6 +15,8 @@ Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_engine.py``.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from cases.engine import Action, EngineSim, FullMode
@@ -138,7 +140,8 @@ def test_undersized_ring_found_only_by_the_oracle(device, warm_kernels):
     prof = current_profile()
     bounds = scaled(prof.bounds, undersized_ring=True, kpools=(2,), max_live=1, verify_weight=6)
     out = run_generated("engine", device=device, bounds=bounds, repeat_every=0, collect_coverage=False,
-                        examples=prof.fault_examples, shrink_s=prof.fault_shrink_s)
+                        examples=prof.fault_examples, shrink_s=math.inf,      # count-bounded only (no clock)
+                        shrink_calls=prof.fault_shrink_calls)
     assert isinstance(out.error, ParityFailure), out.error
     print("\n".join(describe(out.case)))
     bad = out.result.failures

@@ -232,10 +232,10 @@ def test_oracle_hf_on_the_small_seed_suite(tmp_path):
         assert json.load(f)
 
 
-def test_oracle_hf_without_transformers_is_skipped_with_the_reason(monkeypatch, capsys):
+def test_oracle_hf_without_transformers_is_skipped_with_the_reason(monkeypatch, capsys, device):
     from parity import cli, hf_oracle
     monkeypatch.setattr(hf_oracle, "hf_status", lambda: (False, "transformers not installed (pip install '.[hf]')"))
-    rc = cli.main(["run", "--suite", "seed", "--size", "small", "--case", "prefill-topk", "--device", "cpu",
+    rc = cli.main(["run", "--suite", "seed", "--size", "small", "--case", "prefill-topk", "--device", device,
                    "--oracle", "hf", "--no-bundles"])
     out = capsys.readouterr().out
     assert rc == 0 and "oracle hf: SKIPPED, transformers not installed" in out

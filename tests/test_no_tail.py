@@ -52,19 +52,19 @@ def test_reference_without_tail_is_the_history_columns_only(pack_tail):
     assert tails >= 3                                             # rows that had a tail to drop
 
 
-def test_oracle_without_tail_matches_the_reference_on_every_small_seed_case():
+def test_oracle_without_tail_matches_the_reference_on_every_small_seed_case(device):
     from cases.scenarios import seed_cases, without_tail
     from parity.runner import run_case
     for case in seed_cases(["small"]):
         nt = without_tail(case)
         assert nt.config.output_width == nt.config.index_topk
         # the reference stands in for the kernel: what is checked is reference vs oracle
-        res = run_case(nt, device="cpu", kernel_forward=reference_forward)
+        res = run_case(nt, device=device, kernel_forward=reference_forward)
         oracle = res.findings[res.findings["output"] == "reference-vs-oracle"]
         assert res.ok and len(oracle) and set(oracle["verdict"]) == {"exact"}, res.failures
 
 
-def test_an_oracle_that_keeps_the_tail_is_caught(monkeypatch):
+def test_an_oracle_that_keeps_the_tail_is_caught(monkeypatch, device):
     """Broken on purpose: the oracle ignores always_select_tail -> reference-vs-oracle fails."""
     from cases.scenarios import decode_tail, without_tail
     from parity.runner import run_case
@@ -78,7 +78,7 @@ def test_an_oracle_that_keeps_the_tail_is_caught(monkeypatch):
             out.indices = out.indices[..., :kwargs["index_topk"]]
         return out
     monkeypatch.setattr(oracle_mod.HistoryOracle, "step", keeps_tail)
-    res = run_case(without_tail(decode_tail("small")), device="cpu", kernel_forward=reference_forward)
+    res = run_case(without_tail(decode_tail("small")), device=device, kernel_forward=reference_forward)
     assert "reference-vs-oracle" in set(res.failures["output"])
 
 

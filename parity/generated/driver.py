@@ -189,7 +189,8 @@ def fingerprint(case) -> str:
     return h.hexdigest()
 
 
-def _trim(outcome: GeneratedOutcome, device, kernel_forward, reference, check_oracle) -> None:
+def _trim(outcome: GeneratedOutcome, device, kernel_forward, reference, check_oracle,
+          tie_policy: str = "canonical") -> None:
     """Cut the shrunk case after its first failing step (lockstep: later steps cannot change it)
     when hypothesis's time-bounded shrinking left trailing steps; keeps it only if it still fails."""
     case, res = outcome.case, outcome.result
@@ -200,7 +201,7 @@ def _trim(outcome: GeneratedOutcome, device, kernel_forward, reference, check_or
     if kernel_forward is None:
         from kpool.indexer import forward as kernel_forward
     again = run_case(trimmed, device=device, kernel_forward=kernel_forward, reference_forward=reference,
-                     check_oracle=check_oracle)
+                     check_oracle=check_oracle, tie_policy=tie_policy)
     if not again.ok:
         outcome.case, outcome.result = trimmed, again
         outcome.error = ParityFailure(trimmed, again, failure_message(trimmed, again))
@@ -211,7 +212,8 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
                   check_oracle: bool = True, seed: Optional[int] = None, corpus_dir=None,
                   corpus_info: Optional[dict] = None, repeat_every: int = 5, shrink_s: Optional[float] = None,
                   bounds=None, collect_coverage: bool = True,
-                  shrink_calls: Optional[int] = None, guaranteed: bool = True) -> GeneratedOutcome:
+                  shrink_calls: Optional[int] = None, guaranteed: bool = True,
+                  semantics=None) -> GeneratedOutcome:
     """Run the guaranteed-coverage cases and ``examples`` generated cases of ``kind``, and shrink
     the first failure.
 
@@ -239,6 +241,8 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
         collect_coverage: classify passing examples (:mod:`parity.coverage`).
         guaranteed: first check :func:`cases.coverage_cases.guaranteed_cases` (explicit
             examples; planted-fault searches turn them off to test the generator and shrinker).
+        semantics: :class:`parity.implementations.semantics.RunSemantics` (score mode forced on
+            every case, tie policy); default: each case's own mode, canonical ties.
 
     Returns:
         :class:`GeneratedOutcome` (failures of every kind are in its ``error``).
@@ -251,6 +255,8 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
     from hypothesis import seed as hypothesis_seed
     from hypothesis.reporting import with_reporter
 
+    from ..implementations.semantics import RunSemantics
+    semantics = semantics or RunSemantics()
     prof = profile or current_profile()
     bounds = bounds or prof.bounds
     n = examples if examples is not None else (prof.batch_examples if kind == "batch" else prof.engine_examples)
@@ -277,6 +283,7 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
             raise
 
     def run_one(case):
+        case = semantics.case(case)
         t0 = time.perf_counter()
         recorder = Recorder(kernel_forward) if kernel_forward is not None else None
         with JitClock() as clock:
@@ -285,7 +292,7 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
                 recorder = Recorder(production)
             try:
                 res = run_case(case, device=device, kernel_forward=recorder, reference_forward=reference,
-                               check_oracle=check_oracle, **early_stop)
+                               check_oracle=check_oracle, tie_policy=semantics.tie_policy, **early_stop)
             except Exception as exc:      # a harness bug: keep the case, shrink it like any failure
                 raise HarnessCrash(case, exc) from exc
             if not res.ok:
@@ -293,7 +300,7 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
             if repeat_every and not state["failed"] and outcome.passed_examples % repeat_every == 0:
                 again = Recorder(recorder.forward)
                 run_case(case, device=device, kernel_forward=again, reference_forward=reference,
-                         check_oracle=False)
+                         check_oracle=False, tie_policy=semantics.tie_policy)
                 diffs = _determinism_findings(recorder, again)
                 if diffs:
                     raise Nondeterministic(case, diffs)
@@ -329,7 +336,7 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
             outcome.case = _case_of(exc)
             outcome.result = getattr(exc, "result", None)
     if isinstance(outcome.error, ParityFailure):
-        _trim(outcome, device, kernel_forward, reference, check_oracle)
+        _trim(outcome, device, kernel_forward, reference, check_oracle, semantics.tie_policy)
     outcome.wall_s = time.perf_counter() - t0
     if outcome.case is not None and corpus_dir is not None:
         info = {"found_by": f"generated-{kind} ({prof.name} profile)",

@@ -28,12 +28,14 @@ def _expectation(kernel: str) -> dict:
 
 
 def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine"), kernel_forward=None,
-                        counts=None) -> int:
+                        counts=None, semantics=None) -> int:
     """Warm the kernel under test, then run a profile's budget of generated batches and engine
     sequences on it; print coverage. Every failure is a finding, never a traceback: a failing
     warm-up case is printed as a results table and bundled, a shrunk generated failure is printed,
     bundled and kept in the run's ``corpus-candidates`` directory (promote it with
-    ``python -m parity corpus add PATH``)."""
+    ``python -m parity corpus add PATH``). ``semantics``
+    (:class:`parity.implementations.semantics.RunSemantics`): every generated case gets its score
+    mode (the warm-up warms only that mode) and the run's tie policy."""
     from rich.markup import escape
 
     from .. import commands, report
@@ -48,8 +50,10 @@ def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine")
         return commands.usage_error(options)
     bundles_dir = commands.bundle_dir(args)
     status, lines = commands.EXIT_OK, []
-    warm = warm_kernels(device, kpools=prof.bounds.kpools, score_modes=("relu", "merged"),
-                        kernel_forward=kernel_forward)
+    from ..implementations.semantics import RunSemantics
+    semantics = semantics or RunSemantics()
+    modes = (semantics.score_mode,) if semantics.score_mode else ("relu", "merged")
+    warm = warm_kernels(device, kpools=prof.bounds.kpools, score_modes=modes, kernel_forward=kernel_forward)
     console.print(f"[bold]generated[/]: kernel={escape(args.kernel)}, profile {prof.name} ({prof.batch_examples} batches, "
                   f"{prof.engine_examples} engine sequences, plus the guaranteed-coverage cases; "
                   f"{'fixed order, seed ' + str(prof.seed) if prof.seed is not None else 'random order'}; "
@@ -68,6 +72,7 @@ def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine")
     seed = args.seed if getattr(args, "seed", 0) else None
     for kind in kinds:
         out = run_generated(kind, device=device, profile=prof, seed=seed, kernel_forward=kernel_forward,
+                            semantics=semantics,
                             check_oracle=not args.no_oracle, corpus_dir=commands.candidates_dir(args),
                             corpus_info={"note": f"found by python -m parity run --suite generated ({prof.name})",
                                          **_expectation(args.kernel)})

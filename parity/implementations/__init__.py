@@ -11,6 +11,7 @@ an :class:`Implementation`:
 * ``kpool``: this repository's kernels (:mod:`kpool.indexer`);
 * ``mutant:NAME``: a planted fault (:mod:`parity.mutants`);
 * ``git:REV``: this repository's kernels at a git revision (:mod:`.git_rev`);
+* ``vllm-ascend:PATH``: vLLM-Ascend's two operators from a checkout (:mod:`.vllm_ascend`);
 * ``package.module:function``: any function with ``kpool.indexer.forward``'s signature.
 
 Later kinds (a vendor checkout, a git revision of this repository) add a module here and call
@@ -133,11 +134,19 @@ def _git_revision(spec: str, rest: str) -> Implementation:
                           description=f"this repository's kernels at {rest} ({sha[:12]})")
 
 
+def _vllm_ascend(spec: str, rest: str) -> Implementation:
+    from .vllm_ascend import DECLARED, load
+    forward, description = load(rest)
+    return Implementation(spec, forward, description=description, **DECLARED)
+
+
 def _builtin() -> None:
     if "kpool" not in _KINDS:
         register_kind("kpool", "", _kpool, "kpool")
         register_kind("mutant", "mutant:", _mutant, "mutant:NAME")
         register_kind("git", "git:", _git_revision, "git:REV")
+        register_kind("vllm-ascend", "vllm-ascend:", _vllm_ascend,
+                      "vllm-ascend:PATH (a vLLM-Ascend checkout; empty: installed)")
 
 
 def usages() -> Tuple[str, ...]:

@@ -33,11 +33,13 @@ def compress_tokens(tokens: Sequence[dict], ape: torch.Tensor) -> torch.Tensor:
     return compress_pools(k, g, ape)[0]
 
 
-def topk_set(call, request: int, row: int, visible: int, k: int) -> List[int]:
+def topk_set(call, request: int, row: int, visible: int, k: int, score_mode: str = "relu") -> List[int]:
     """The ``torch.topk`` pool set of the canonical logits of ``row`` over the first ``visible``
-    pools of ``request`` as the call left them in the cache."""
+    pools of ``request`` as the call left them in the cache, in the case's ``score_mode``
+    (kpool-algorithm.md §4.2; ``--score-mode`` sets it on every case)."""
     pools = torch.stack([pool_row(call, request, j) for j in range(visible)])
-    scores = pool_scores(call.inputs["q"][row:row + 1], call.inputs["weights"][row:row + 1], pools)[0]
+    scores = pool_scores(call.inputs["q"][row:row + 1], call.inputs["weights"][row:row + 1], pools,
+                         score_mode=score_mode)[0]
     return sorted(torch.topk(scores, k).indices.tolist())
 
 
@@ -152,7 +154,7 @@ def _c23(runs) -> List[Check]:
         for rid in (0, 2):
             n = c23.COUNTS[rid]
             out.append(set_check(f"{side}: row {rid} = torch.topk set of its {n} random logits", r[rid],
-                                 topk_set(first, rid, rid, n, c23.BUMPED)))
+                                 topk_set(first, rid, rid, n, c23.BUMPED, run.case.config.score_mode)))
     return out
 
 
@@ -163,7 +165,7 @@ def _c27(runs) -> List[Check]:
         r = rows(call)
         for i, v in enumerate(c27.VISIBLE):
             out.append(set_check(f"{side}: row {i} ({v} visible) = torch.topk set of its logits", r[i],
-                                 topk_set(call, i, i, v, min(16, v))))
+                                 topk_set(call, i, i, v, min(16, v), run.case.config.score_mode)))
     return out
 
 
@@ -171,7 +173,7 @@ def _c29(runs) -> List[Check]:
     run = runs["k512"]
     out = []
     for side, call in sides(run, 1):
-        top = topk_set(call, 0, 0, 600, 512)
+        top = topk_set(call, 0, 0, 600, 512, run.case.config.score_mode)
         want = sorted([j * 4 + i for j in top for i in range(4)] + [2400, 2401, 2402])
         out.append(set_check(f"{side}: 600-pool row = torch.topk set (512 pools) + tail", rows(call)[0], want))
     return out

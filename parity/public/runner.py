@@ -7,7 +7,7 @@ kernels directly (:data:`parity.public.kernel_checks.KERNEL_CHECKS`).
 from __future__ import annotations
 
 import warnings
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pandas as pd
 
@@ -22,20 +22,25 @@ from .kernel_checks import KERNEL_CHECKS
 from .reference_checks import REFERENCE_CHECKS
 
 
-def run_with_recorders(case, device, *, check_oracle: bool = True, kernel_forward=None) -> PublicRun:
+def run_with_recorders(case, device, *, check_oracle: bool = True, kernel_forward=None,
+                       tie_policy: str = "canonical") -> PublicRun:
     """Run ``case`` through :func:`parity.runner.run_case` with recording forwards (the reference
-    wrapped in :func:`parity.checked_reference.checked_reference`)."""
+    wrapped in :func:`parity.checked_reference.checked_reference`) and the run's tie policy."""
     if kernel_forward is None:
         from kpool.indexer import forward as kernel_forward
     kernel = Recorder(kernel_forward)
     reference = Recorder(checked_reference())
     result = run_case(case, device=device, kernel_forward=kernel, reference_forward=reference,
-                      check_oracle=check_oracle)
+                      check_oracle=check_oracle, tie_policy=tie_policy)
     return PublicRun(case, result, kernel.calls, reference.calls)
 
 
-def run_public(pc: PublicCase, device, *, kernel_forward=None):
+def run_public(pc: PublicCase, device, *, kernel_forward=None, semantics=None, package: Optional[str] = "kpool"):
     """Run every case of ``pc`` and evaluate its checks.
+
+    ``semantics`` (:class:`parity.implementations.semantics.RunSemantics`, default: none) sets
+    every case's score mode (so the stated values are computed in that mode) and the tie policy;
+    the direct-call checks call ``kernel_forward`` (``package``: its kernel package, or ``None``).
 
     Returns:
         ``(runs, checks)``: ``{case name: PublicRun}`` and the :class:`cases.public.model.Check`
@@ -43,28 +48,34 @@ def run_public(pc: PublicCase, device, *, kernel_forward=None):
         own, the reference's, the direct kernel calls'). An expectation that raises is one failed
         check (verdict ``crash``) with its reason.
     """
+    from ..implementations.semantics import RunSemantics
+    semantics = semantics or RunSemantics()
     runs: Dict[str, PublicRun] = {}
     checks: List[Check] = []
     with warnings.catch_warnings():
         # NaN / inf inputs make the interpreter's NumPy ops warn; the results are what is checked.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         for case in pc.build():
-            run = run_with_recorders(case, device, check_oracle=pc.check_oracle, kernel_forward=kernel_forward)
+            case = semantics.case(case)
+            run = run_with_recorders(case, device, check_oracle=pc.check_oracle, kernel_forward=kernel_forward,
+                                     tie_policy=semantics.tie_policy)
             runs[case.name] = run
             bad = run.result.failures
             if case.name in pc.must_fail:
                 checks.append(Check(f"{case.name}: harness reports the planted fault", not bad.empty,
                                     detail=", ".join(sorted(set(bad["verdict"]))) if not bad.empty else "no failure"))
         try:
-            checks += stated_checks(pc, runs, device=device)
+            checks += stated_checks(pc, runs, device=device, kernel_forward=kernel_forward, package=package)
         except Exception as exc:  # a crashed expectation is a failed one, with its reason
             checks.append(Check("expectations evaluated", False, f"{type(exc).__name__}: {exc}", "crash"))
     return runs, checks
 
 
-def stated_checks(pc: PublicCase, runs: Dict[str, PublicRun], *, device=None) -> List[Check]:
+def stated_checks(pc: PublicCase, runs: Dict[str, PublicRun], *, device=None, kernel_forward=None,
+                  package: Optional[str] = "kpool") -> List[Check]:
     """Every stated value of ``pc`` on recorded ``runs``: the case's own checks, then those that
-    need the reference, then (when ``device`` is given) those that call the kernels directly.
+    need the reference, then (when ``device`` is given) those that call the implementation under
+    test directly (``kernel_forward``, default the production kernels; ``package`` its kernels).
 
     Raises:
         whatever an expectation raises (:func:`run_public` reports it as a failed check).
@@ -73,15 +84,16 @@ def stated_checks(pc: PublicCase, runs: Dict[str, PublicRun], *, device=None) ->
     if pc.cid in REFERENCE_CHECKS:
         checks += REFERENCE_CHECKS[pc.cid](runs)
     if device is not None and pc.cid in KERNEL_CHECKS:
-        checks += KERNEL_CHECKS[pc.cid](device, runs)
+        checks += KERNEL_CHECKS[pc.cid](device, runs, forward=kernel_forward, package=package)
     return checks
 
 
-def public_results(pc: PublicCase, device, *, kernel_forward=None) -> List[CaseResult]:
+def public_results(pc: PublicCase, device, *, kernel_forward=None, semantics=None,
+                   package: Optional[str] = "kpool") -> List[CaseResult]:
     """``[CaseResult]`` of ``pc`` for the parity CLI: each must-pass case's harness findings plus
     one finding per stated-value check (output ``expected:<check>``) on the first result; a
     must-fail case contributes only its negative-control check."""
-    runs, checks = run_public(pc, device, kernel_forward=kernel_forward)
+    runs, checks = run_public(pc, device, kernel_forward=kernel_forward, semantics=semantics, package=package)
     results = []
     rows = [cmp.finding(f"expected:{c.name}"[:120], "exact" if c.ok else c.verdict, 0 if c.ok else 1,
                         detail=c.detail[:300]) for c in checks]

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 from cases.public import PUBLIC_CASES
 
 from ..commands import EXIT_FAIL, EXIT_OK
 
 
-def run_public_suite(args, device: str, console, *, cids: Sequence[str], kernel_forward=None, counts=None) -> int:
+def run_public_suite(args, device: str, console, *, cids: Sequence[str], kernel_forward=None, counts=None,
+                     semantics=None, package: Optional[str] = "kpool") -> int:
     """Run the public cases ``cids`` (:data:`cases.public.PUBLIC_CASES` ids) on ``kernel_forward``
     (default: the production kernels): harness findings plus stated-value checks. ``--report
     DIR`` writes ``DIR/public/``; ``--junit F`` writes ``F`` with ``-public`` before its extension.
+    ``semantics`` (:class:`parity.implementations.semantics.RunSemantics`): score mode and tie
+    policy of the run; ``package``: the implementation's kernel package, for the checks that need
+    its internal kernels (:mod:`parity.public.kernel_checks`).
 
     Returns:
         The exit status (:data:`parity.commands.EXIT_OK` or ``EXIT_FAIL``).
@@ -31,7 +35,7 @@ def run_public_suite(args, device: str, console, *, cids: Sequence[str], kernel_
     results = []
     for pc in selected:
         t = time.perf_counter()
-        res = public_results(pc, device, kernel_forward=kernel_forward)
+        res = public_results(pc, device, kernel_forward=kernel_forward, semantics=semantics, package=package)
         results += res
         bad = sum(len(r.failures) for r in res)
         status = "[green]ok[/]" if not bad else f"[red]{bad} failures[/]"

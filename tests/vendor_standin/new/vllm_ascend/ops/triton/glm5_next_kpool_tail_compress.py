@@ -1,0 +1,15 @@
+"""Stand-in for vLLM-Ascend's ``glm5_next_kpool_tail_compress.py`` (current revision, with
+``tail_slot_mapping``; test data, not vLLM-Ascend code): its signature, our kernels."""
+from vllm.triton_utils import triton  # noqa: F401  (imported like the real file: exercises the stub)
+
+from tests.vendor_standin import standin_ops
+
+
+def glm5_next_kpool_tail_compress_and_write_cache_triton(tail_cache, indexer_cache, k, gate_score, ape, positions,
+                                                         cum_query_lens, seq_lens, tail_slot_mapping, tail_block_table,
+                                                         indexer_slot_mapping, index_kpool):
+    """Compress completed pools into indexer_cache and write the tail ring; seq_lens are raw lengths."""
+    ape = ape.contiguous()
+    standin_ops.compress_and_write_cache(tail_cache, indexer_cache, k, gate_score, ape, positions, cum_query_lens,
+                                         seq_lens, tail_slot_mapping, tail_block_table, indexer_slot_mapping,
+                                         index_kpool)

@@ -1,0 +1,1 @@
+../../../../new/vllm_ascend/ops/triton/glm5_next_lightning_indexer.py
