@@ -186,3 +186,13 @@ def test_bisect_finds_the_planted_commit_and_leaves_the_checkout(planted_clone, 
     assert main(["bisect", "HEAD~9", "HEAD~5", "--case", "prefill-tail", "--device", device]) == 1
     assert "nothing to bisect" in capfd.readouterr().out
     assert state(planted_clone) == before
+
+
+@pytest.mark.integration
+def test_ab_against_the_vendor_stand_in_is_identical(capsys, device):
+    """Our kernels behind the vendor's signatures (tests/vendor_standin/new): the same bits, both
+    sides in the stand-in's declared score mode."""
+    assert main(["ab", "--baseline", "kpool", "--candidate", "vllm-ascend:tests/vendor_standin/new",
+                 "--device", device, *SELECT]) == 0
+    out = capsys.readouterr().out
+    assert "3 steps: 3 identical, 0 differ" in out and "candidate score_mode=merged ties=any" in out
