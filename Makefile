@@ -35,6 +35,14 @@ PARITY_FLAGS = $(if $(DEVICE),--device $(DEVICE)) --suite $(SUITE) --size $(SIZE
                $(if $(SEED),--seed $(SEED)) $(if $(REPORT),--report $(REPORT)) \
                $(if $(JUNIT),--junit $(JUNIT)) $(if $(filter-out 1,$(JOBS)),--jobs $(JOBS)) \
                $(PARITY_EXTRA)
+# `make ab BASELINE=IMPL CANDIDATE=IMPL`: kernel vs kernel, bitwise (python -m parity ab), same
+# selection knobs as `make parity`; AB_EXTRA for other flags (e.g. --all-steps).
+BASELINE ?=
+CANDIDATE ?=
+AB_EXTRA ?=
+AB_FLAGS = --baseline $(BASELINE) --candidate $(CANDIDATE) $(if $(DEVICE),--device $(DEVICE)) \
+           --suite $(SUITE) --size $(SIZE) $(if $(PROFILE),--profile $(PROFILE)) $(if $(SEED),--seed $(SEED)) \
+           $(if $(REPORT),--report $(REPORT)) $(AB_EXTRA)
 BENCH_JSON ?=
 BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) $(if $(BENCH_JSON),--json $(BENCH_JSON))
 
@@ -44,7 +52,7 @@ BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) $(if $(BENCH_JSON),--json $(BE
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS    ?= -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: help bootstrap parity test test-unit test-integration bench ascend-interp-env test-ascend-interp clean
+.PHONY: help bootstrap parity ab test test-unit test-integration bench ascend-interp-env test-ascend-interp clean
 
 help:
 	@echo "make parity   - Triton kernels vs PyTorch reference: corpus of shrunk failures first, seed"
@@ -55,6 +63,9 @@ help:
 	@echo "                 python -m parity merge DIR... combines the shards' reports)"
 	@echo "                A run writes only under REPORT (default ./parity-out): shrunk failures in"
 	@echo "                corpus-candidates/ (promote: python -m parity corpus add PATH), bundles/"
+	@echo "make ab BASELINE=IMPL CANDIDATE=IMPL - two implementations (kpool, mutant:NAME, git:REV,"
+	@echo "                module:function) on one device, every output of every step bitwise (same knobs"
+	@echo "                as make parity; exit 1 when they differ)"
 	@echo "make test     - corpus replay, then the unit tier, then the integration tier (hypothesis searches,"
 	@echo "                CLI runs, multi-worker runs, GLM-size tests): three pytest runs, all must pass; ci hypothesis"
 	@echo "                profile (HYPOTHESIS_PROFILE=ci; PYTEST_ARGS='$(PYTEST_ARGS)'); make test-unit /"
@@ -73,6 +84,12 @@ parity:
 	@PY="$$($(BOOTSTRAP) main)"; \
 	echo "[make] $$PY -m parity run $(strip $(PARITY_FLAGS))" >&2; \
 	"$$PY" -m parity run $(strip $(PARITY_FLAGS))
+
+ab:
+	$(if $(and $(strip $(BASELINE)),$(strip $(CANDIDATE))),,$(error make ab needs BASELINE=IMPL and CANDIDATE=IMPL (python -m parity list implementations)))
+	@PY="$$($(BOOTSTRAP) main)"; \
+	echo "[make] $$PY -m parity ab $(strip $(AB_FLAGS))" >&2; \
+	"$$PY" -m parity ab $(strip $(AB_FLAGS))
 
 # Two tiers (ci hypothesis profile unless HYPOTHESIS_PROFILE says otherwise): the corpus of
 # shrunk failures is replayed first, then the unit tier, then the integration tier (hypothesis

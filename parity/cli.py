@@ -12,6 +12,9 @@
   into ``cases/corpus`` (a run never writes there itself);
 * ``merge REPORT_DIR...``: combine the reports of a sharded run (``run --shard i/n`` on each
   host) into the report the unsharded run would have written (:mod:`parity.merge`);
+* ``ab --baseline IMPL --candidate IMPL``: two implementations bit for bit (:mod:`parity.ab`);
+* ``golden record|check DIR``: device goldens of every step's outputs (:mod:`parity.golden`);
+* ``bisect GOOD BAD --case NAME``: the first revision whose kernels change a case (:mod:`parity.bisect`);
 * ``list cases|mutants|relations|implementations``: what ``--case``, ``--kernel mutant:NAME``,
   ``--metamorphic`` and ``--kernel SPEC`` can select.
 
@@ -38,6 +41,9 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of every command (module docstring); imports no torch."""
+    from .ab import add_ab_parser
+    from .bisect import add_bisect_parser
+    from .golden import add_golden_parser
     from .replay import add_replay_parser
     parser = argparse.ArgumentParser(prog="python -m parity",
                                      description="Bit-exact parity of the KPool Triton kernels vs the PyTorch reference.")
@@ -54,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "a failing generated case is kept in REPORT/corpus-candidates.")
     _add_run_arguments(record)
     add_replay_parser(sub)
+    add_ab_parser(sub)
+    add_golden_parser(sub)
+    add_bisect_parser(sub)
     merge = sub.add_parser("merge", help="combine the reports of a sharded run (run --shard i/n) into one",
                            description="Combine the --report directories of the shards of one run (python -m "
                                        "parity run --shard i/n --report DIR on each host) into the report the "
@@ -213,6 +222,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "replay":
         from .replay import replay_main
         return replay_main(args)
+    if args.command == "ab":
+        from .ab import ab_main
+        return ab_main(args)
+    if args.command == "golden":
+        from .golden import golden_main
+        return golden_main(args)
+    if args.command == "bisect":
+        from .bisect import bisect_main
+        return bisect_main(args)
     if args.command == "merge":
         from .merge import merge_main
         return merge_main(args)

@@ -20,7 +20,7 @@ import re
 import shutil
 import sys
 import tempfile
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 MUTANTS = {
     # own incomplete pool admitted: visible = floor((p + P) / P) instead of floor((p + 1) / P), §4.1
@@ -153,17 +153,43 @@ def build_mutant(name: str, mutation: Optional[Tuple[str, str, str, Optional[str
         FileNotFoundError: the file does not exist in ``kpool``.
     """
     rel, old, new, _ = mutation if mutation is not None else MUTANTS[name]
-    pkg = package_name(name)
+
+    def mutate(tmp: str) -> None:
+        path = os.path.join(tmp, rel)
+        with open(path) as f:
+            src = f.read()
+        with open(path, "w") as f:
+            f.write(apply_mutation(src, old, new, where=f"kpool/{rel}"))
+
+    return copy_package(package_name(name), _kpool_dir(), edit=mutate)
+
+
+def copy_package(pkg: str, source_dir: str, *, edit: Optional[Callable[[str], None]] = None) -> str:
+    """Copy the package directory ``source_dir`` (a ``kpool`` tree) to the importable package
+    ``pkg`` under this process's temporary root, once per process (a second call returns at once).
+
+    Args:
+        pkg: the copy's package name (a Python identifier, e.g. ``kpool_mutant_x``, ``kpool_git_<sha>``).
+        source_dir: the directory to copy (``__pycache__`` and ``*.pyc`` left out).
+        edit: called with the copy's directory before it is published (a mutation); may raise.
+    Returns:
+        ``pkg``, importable (its parent directory is on ``sys.path``).
+    Raises:
+        FileNotFoundError: ``source_dir`` does not exist; whatever ``edit`` raises (nothing is
+        published then).
+    """
     dest = os.path.join(_root(), pkg)
     if os.path.isdir(dest):
         return pkg
     tmp = dest + ".tmp"
-    shutil.copytree(_kpool_dir(), tmp, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    path = os.path.join(tmp, rel)
-    with open(path) as f:
-        src = f.read()
-    with open(path, "w") as f:
-        f.write(apply_mutation(src, old, new, where=f"kpool/{rel}"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source_dir, tmp, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    try:
+        if edit is not None:
+            edit(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     os.replace(tmp, dest)
     importlib.invalidate_caches()
     return pkg

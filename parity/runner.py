@@ -100,8 +100,9 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         on_step: optional ``fn(case, step_index, step)`` called after every step (progress bars).
         step_observer: optional third opinion on the kernel's outputs (``--oracle hf``,
             :mod:`parity.hf_run`): called after each step's checks as ``fn(case=, step_index=,
-            step=, meta=, inputs=, ape=, kernel_out=, kernel_caches=, device=)`` and returns
-            finding dicts added to that step's findings.
+            step=, meta=, inputs=, ape=, kernel_out=, kernel_caches=, device=)`` (and
+            ``kernel_buffer=``, the step's output buffer or ``None``, when it takes that keyword)
+            and returns finding dicts added to that step's findings.
         keep_outputs: keep both sides' outputs of this many failing steps (repro bundles).
         stop_on_failure: stop after the first step with a failure finding (generated runs: a
             shrink attempt only needs its first failing step; parity.generated).
@@ -150,8 +151,9 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         res = _run_step(case, step, ape, kernel, ref, run)
         if step_observer is not None and res.meta is not None:
             t0 = time.perf_counter()
+            extra = {"kernel_buffer": res.kbuf} if accepts_keyword(step_observer, "kernel_buffer") else {}
             res.rows += step_observer(case=case, step_index=i, step=step, meta=res.meta, inputs=res.inputs, ape=ape,
-                                      kernel_out=res.kout, kernel_caches=kernel.caches, device=dev)
+                                      kernel_out=res.kout, kernel_caches=kernel.caches, device=dev, **extra)
             res.times["observer"] = time.perf_counter() - t0
         frames.append(cmp.findings_frame(res.rows, **ctx))
         timings += [{**ctx, "side": side, "wall_s": s} for side, s in res.times.items()]

@@ -10,6 +10,7 @@ an :class:`Implementation`:
 
 * ``kpool``: this repository's kernels (:mod:`kpool.indexer`);
 * ``mutant:NAME``: a planted fault (:mod:`parity.mutants`);
+* ``git:REV``: this repository's kernels at a git revision (:mod:`.git_rev`);
 * ``vllm-ascend:PATH``: vLLM-Ascend's two operators from a checkout (:mod:`.vllm_ascend`);
 * ``package.module:function``: any function with ``kpool.indexer.forward``'s signature.
 
@@ -126,6 +127,13 @@ def _module_function(spec: str, rest: str) -> Implementation:
     return Implementation(spec, fn, description=f"{module}.{name}")
 
 
+def _git_revision(spec: str, rest: str) -> Implementation:
+    from .git_rev import load_revision, package_name, resolve_revision
+    sha = resolve_revision(rest)
+    return Implementation(spec, load_revision(sha).forward, package=package_name(sha),
+                          description=f"this repository's kernels at {rest} ({sha[:12]})")
+
+
 def _vllm_ascend(spec: str, rest: str) -> Implementation:
     from .vllm_ascend import DECLARED, load
     forward, description = load(rest)
@@ -136,6 +144,7 @@ def _builtin() -> None:
     if "kpool" not in _KINDS:
         register_kind("kpool", "", _kpool, "kpool")
         register_kind("mutant", "mutant:", _mutant, "mutant:NAME")
+        register_kind("git", "git:", _git_revision, "git:REV")
         register_kind("vllm-ascend", "vllm-ascend:", _vllm_ascend,
                       "vllm-ascend:PATH (a vLLM-Ascend checkout; empty: installed)")
 
