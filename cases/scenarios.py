@@ -273,6 +273,36 @@ def cache_only(size: str) -> Case:
     return plan.build("cache-only (compute_topk=False) steps interleaved with scored steps", "exact")
 
 
+def bad_metadata(size: str) -> Case:
+    """``bad-metadata``: after a valid prefill, one step per metadata rejection rule of
+    ``validate_forward`` (:mod:`cases.violations`; parity-contract.md §5): each breaks exactly
+    that rule, both sides must reject it (the kernel with that rule's class and name) and write
+    nothing; then the same batch, valid, which must see caches untouched by the bad steps.
+    Random data."""
+    import dataclasses
+
+    from kpool.rules import RULES
+
+    from .patches import VIOLATION_PREFIX, MetadataPatch
+    from .violations import VIOLATIONS
+    cfg = config_for(size)
+    P = cfg.index_kpool
+    plan = _Plan("bad-metadata", size, seed=707, page_size=2)
+    A = 3 * P + 1
+    batch = [(0, A, P), (1, 2 * P, 2), (2, P + 1, 2)]
+    plan.step("context", [(0, 0, A), (1, 0, 2 * P), (2, 0, P + 1)])
+    for rule in VIOLATIONS:
+        plan.step(f"bad:{rule}", batch)
+    plan.step("after", batch)
+    case = plan.build("one bad-metadata step per rejection rule of validate_forward, then the valid batch", "random")
+    geo = case.geometry
+    args = (P, geo.num_pages, geo.page_size, geo.num_tail_blocks, cfg.ring_capacity)
+    steps = [dataclasses.replace(st, patch_metadata=MetadataPatch(VIOLATION_PREFIX + st.name[4:], args),
+                                 expect_error=RULES[st.name[4:]].error, expect_rule=st.name[4:])
+             if st.name.startswith("bad:") else st for st in case.steps]
+    return dataclasses.replace(case, steps=steps)
+
+
 SCENARIOS: Dict[str, Callable[[str], Case]] = {
     "prefill-tail": prefill_tail,
     "decode-tail": decode_tail,
@@ -281,6 +311,7 @@ SCENARIOS: Dict[str, Callable[[str], Case]] = {
     "full-padding": full_padding,
     "cache-only": cache_only,
     "prefill-topk-no-tail": lambda size: without_tail(prefill_topk(size)),
+    "bad-metadata": bad_metadata,
 }
 """Scenario name -> ``fn(size) -> Case``. ``prefill-topk-no-tail`` is HF's second mode
 (``always_select_tail=False``, rows of width ``K_tok``, kpool-algorithm.md §10)."""

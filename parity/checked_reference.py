@@ -18,7 +18,10 @@ def check_metadata(*, positions, cum_query_lens, raw_seq_lens, seq_lens, block_t
     ``0 <= query_len <= raw_seq_lens``; ``seq_lens == raw_seq_lens // P``;
     ``max(seq_lens) <= max_pool_seq_len <= M * B``; live positions contiguous per request;
     pages a request reads in ``[0, N)``; ring blocks of requests with rows in ``[0, blocks)``;
-    live slots in ``{-1} ∪ [0, N*B)`` and ring slots in ``{-1} ∪ [0, blocks*C)``.
+    live slots in ``{-1} ∪ [0, N*B)`` and ring slots in ``{-1} ∪ [0, blocks*C)``; then
+    (:func:`_check_writers`) no ring block owned by two scheduled requests, no compressed slot
+    written by two live rows, live slots exactly the §3.2 slot (``-1`` unless the row completes a
+    pool) and ring slots exactly ``tail_block_table[r, 0] * C + p % C`` (§3.3).
 
     Raises:
         ValueError: the first rule broken. Deliberately the builtin type: parity-contract.md §5's
@@ -65,6 +68,31 @@ def check_metadata(*, positions, cum_query_lens, raw_seq_lens, seq_lens, block_t
                 raise ValueError(f"metadata rejected: slot_mapping[{t}] = {slots[t]} outside [-1, {N * B})")
             if not -1 <= int(tslots[t]) < blocks * C:
                 raise ValueError(f"metadata rejected: tail_slot_mapping[{t}] = {tslots[t]} outside [-1, {blocks * C})")
+        start = end
+    _check_writers(cum, pos, table, ring, slots, tslots, P=P, B=B, C=C)
+
+
+def _check_writers(cum, pos, table, ring, slots, tslots, *, P: int, B: int, C: int) -> None:
+    """The one-writer and exact-slot rules of §3.2, §3.3, §5.4 over host lists (see
+    :func:`check_metadata`). Raises ValueError."""
+    owners, written, start = {}, {}, 0
+    for r, end in enumerate(cum):
+        if end > start:
+            if ring[r] in owners:
+                raise ValueError(f"metadata rejected: requests {owners[ring[r]]} and {r} share ring block {ring[r]}")
+            owners[ring[r]] = r
+        for t in range(start, end):
+            p = int(pos[t])
+            want = int(table[r][p // P // B]) * B + (p // P) % B if (p + 1) % P == 0 else -1
+            if int(slots[t]) >= 0 and int(slots[t]) in written:
+                raise ValueError(f"metadata rejected: rows {written[int(slots[t])]} and {t} write slot {slots[t]}")
+            if int(slots[t]) >= 0:
+                written[int(slots[t])] = t
+            if int(slots[t]) != want:
+                raise ValueError(f"metadata rejected: slot_mapping[{t}] = {slots[t]}, position {p} needs {want}")
+            if int(tslots[t]) != ring[r] * C + p % C:
+                raise ValueError(f"metadata rejected: tail_slot_mapping[{t}] = {tslots[t]} != "
+                                 f"{ring[r]} * {C} + {p} % {C}")
         start = end
 
 

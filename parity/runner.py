@@ -283,7 +283,7 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
             exact_scores=exact_ties)
     rows, stop = [], False
     if step.expect_error is not None:
-        rows += cmp.compare_errors(kexc, rexc, step.expect_error)
+        rows += cmp.compare_errors(kexc, rexc, step.expect_error, rule=getattr(step, "expect_rule", None))
     else:
         for side, exc in (("kernel", kexc), ("reference", rexc)):
             if exc is not None:
