@@ -39,6 +39,7 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of every command (module docstring); imports no torch."""
     from .replay import add_replay_parser
+    from .selftest import add_selftest_parser
     parser = argparse.ArgumentParser(prog="python -m parity",
                                      description="Bit-exact parity of the KPool Triton kernels vs the PyTorch reference.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "a failing generated case is kept in REPORT/corpus-candidates.")
     _add_run_arguments(record)
     add_replay_parser(sub)
+    add_selftest_parser(sub)
     merge = sub.add_parser("merge", help="combine the reports of a sharded run (run --shard i/n) into one",
                            description="Combine the --report directories of the shards of one run (python -m "
                                        "parity run --shard i/n --report DIR on each host) into the report the "
@@ -208,6 +210,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "replay":
         from .replay import replay_main
         return replay_main(args)
+    if args.command == "selftest":
+        from .selftest import selftest_main
+        return selftest_main(args)
     if args.command == "merge":
         from .merge import merge_main
         return merge_main(args)
