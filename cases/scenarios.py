@@ -273,6 +273,21 @@ def cache_only(size: str) -> Case:
     return plan.build("cache-only (compute_topk=False) steps interleaved with scored steps", "exact")
 
 
+def non_finite(size: str) -> Case:
+    """``non-finite``: prefill, chunked prefill and decode steps on the ``nonfinite`` value
+    family (:mod:`cases.values`: NaN and +-inf in keys, gates, queries, weights and APE): pooled
+    keys and scores that become NaN or infinite, sanitized alike on both sides (§4.3)."""
+    glm = _glm(size)
+    P = config_for(size).index_kpool
+    A = 40 * P + 3 if glm else 9 * P + 2
+    plan = _Plan("non-finite", size, seed=808, page_size=4)
+    plan.step("prefill", [(0, 0, A), (1, 0, 3 * P + 1)])
+    plan.step("chunk", [(1, 3 * P + 1, 2 * P), (0, A, P + 1)])
+    plan.step("decode", [(0, A + P + 1, 1), (1, 5 * P + 1, 1)])
+    plan.step("decode-2", [(0, A + P + 2, 1), (1, 5 * P + 2, 1)])
+    return plan.build("NaN and +-inf in k, gate, q, weights and APE: NaN / inf pooled keys and scores", "nonfinite")
+
+
 def bad_metadata(size: str) -> Case:
     """``bad-metadata``: after a valid prefill, one step per metadata rejection rule of
     ``validate_forward`` (:mod:`cases.violations`; parity-contract.md §5): each breaks exactly
@@ -311,6 +326,7 @@ SCENARIOS: Dict[str, Callable[[str], Case]] = {
     "full-padding": full_padding,
     "cache-only": cache_only,
     "prefill-topk-no-tail": lambda size: without_tail(prefill_topk(size)),
+    "non-finite": non_finite,
     "bad-metadata": bad_metadata,
 }
 """Scenario name -> ``fn(size) -> Case``. ``prefill-topk-no-tail`` is HF's second mode
