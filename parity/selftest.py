@@ -6,7 +6,8 @@ Per fault: a mutated copy of ``kpool`` (:func:`parity.mutants.load_mutant`) is t
 test; the suites run cheap-first (corpus and seed cases ordered by their token rows, then public,
 then generated) and the fault's run stops at the first failure (``run_case(stop_on_failure=True)``,
 the first failing public check, the generated driver's first failing example). Device-only faults
-(:data:`parity.faults.kernels.DEVICE_ONLY`) are listed and left out of the CPU kill rate.
+(:data:`parity.faults.kernels.DEVICE_ONLY`) are listed and left out of the CPU kill rate; on a
+device, an ``int64-offsets`` fault first runs the large case (:mod:`parity.large_case`).
 ``--jobs N`` runs faults in N worker processes (:class:`concurrent.futures.ProcessPoolExecutor`).
 
 Exit status: 0 every selected fault caught, 1 one survived, 2 usage error.
@@ -80,6 +81,11 @@ def hunt(name: str, device: str, suites: List[str], size: str = "all") -> Dict:
     def done(suite, case, classes, detail=""):
         return dict(out, caught=True, suite=suite, case=case, classes=",".join(sorted(set(classes))),
                     detail=detail[:200], wall_s=time.perf_counter() - t0)
+    if device != "cpu" and fault.stage == "int64-offsets":
+        from .large_case import int64_addressing_check
+        problems = int64_addressing_check(device, forward)
+        if problems:
+            return done("device-large-case", "int64-addressing", ["mismatch"], problems[0])
     for suite, case in _seed_and_corpus(suites, size):
         res = run_case(case, device=device, kernel_forward=forward, check_oracle=False, stop_on_failure=True)
         bad = res.findings[res.findings["verdict"].map(is_failure)] if len(res.findings) else res.findings
