@@ -14,6 +14,9 @@ uses one can be written to the corpus as JSON and read back. Kinds:
   not change.
 * ``"violate:<rule>"`` ``(P, N, B, blocks, C)``: breaks exactly the rejection rule ``<rule>``
   (:mod:`cases.violations`; the seed scenario ``bad-metadata``). Invalid metadata.
+* ``"accepted:<name>"`` ``(P, N, B, blocks, C)``: valid metadata the builder never produces
+  (:mod:`cases.accepted`: completing padding rows, a tight block table, garbage in unread
+  table columns, idle requests' ring blocks). Outputs must not change.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import torch
 
 PATCH_KINDS = ("ring-block-out-of-range", "stale-padded-lengths")
 VIOLATION_PREFIX = "violate:"
+ACCEPTED_PREFIX = "accepted:"
 
 
 @dataclass(frozen=True)
@@ -38,10 +42,15 @@ class MetadataPatch:
     args: Tuple[int, ...]
 
     def __post_init__(self):
-        if self.kind not in PATCH_KINDS and not self.kind.startswith(VIOLATION_PREFIX):
+        if self.kind not in PATCH_KINDS and not self.kind.startswith((VIOLATION_PREFIX, ACCEPTED_PREFIX)):
             raise ValueError(f"patch kind must be one of {PATCH_KINDS}, got {self.kind!r}")
 
     def __call__(self, meta):
+        if self.kind.startswith(ACCEPTED_PREFIX):
+            from .accepted import rewrite
+            P, N, B, blocks, C = self.args
+            return rewrite(self.kind[len(ACCEPTED_PREFIX):], meta, index_kpool=P, num_pages=N, page_size=B,
+                           num_tail_blocks=blocks, ring_capacity=C)
         if self.kind.startswith(VIOLATION_PREFIX):
             from .violations import violate
             P, N, B, blocks, C = self.args

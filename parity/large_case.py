@@ -24,40 +24,44 @@ PAGE_SIZE = 64
 PREFILL = (3001, 517)          # tokens of the two requests' prefill (pools: 750, 129)
 
 
-def _batch(pages, rings, step: int):
+def _batch(pages, rings, step: int, prefill):
     from kpool.metadata import BatchSpec, RequestSpec
     if step == 0:
-        reqs = [RequestSpec(0, PREFILL[0], pages[0], rings[0]), RequestSpec(0, PREFILL[1], pages[1], rings[1])]
+        reqs = [RequestSpec(0, prefill[0], pages[0], rings[0]), RequestSpec(0, prefill[1], pages[1], rings[1])]
     else:
-        reqs = [RequestSpec(PREFILL[0], 1, pages[0], rings[0]), RequestSpec(PREFILL[1], 1, pages[1], rings[1])]
+        reqs = [RequestSpec(prefill[0], 1, pages[0], rings[0]), RequestSpec(prefill[1], 1, pages[1], rings[1])]
     return BatchSpec(reqs)
 
 
-def int64_addressing_check(device, forward: Optional[Callable] = None) -> List[str]:
+def int64_addressing_check(device, forward: Optional[Callable] = None, *, elements: int = ELEMENTS,
+                           prefill=PREFILL) -> List[str]:
     """Run the large case (module docstring) on ``device`` (``"cuda"`` / ``"npu"``).
 
     Args:
         device: a device backend; the CPU interpreter is refused.
         forward: the implementation (default ``kpool.indexer.forward``; the self-test passes a
             planted fault's).
+        elements: least elements of each large cache (default 2**31; smaller values only test
+            this function's own logic, e.g. on the CPU).
+        prefill: prefill tokens of the two requests.
     Returns:
         The problems found (empty: the large-address run equals the compact one).
     Raises:
-        ValueError: ``device`` is the CPU.
+        ValueError: ``device`` is the CPU with ``elements >= 2**31``.
     """
     import torch
 
     from kpool.cache import allocate_caches
     from kpool.config import GLM53_FLASH as cfg
     from kpool.metadata import build_metadata
-    if str(device).startswith("cpu"):
+    if str(device).startswith("cpu") and elements >= ELEMENTS:
         raise ValueError("the large case needs a device (the CPU interpreter would take hours)")
     if forward is None:
         from kpool.indexer import forward
     P, D, H, C, B = cfg.index_kpool, cfg.index_head_dim, cfg.index_n_heads, cfg.ring_capacity, PAGE_SIZE
-    need = [-(-(n // P) // B) + 1 for n in (PREFILL[0] + 1, PREFILL[1] + 1)]
-    n_big = -(-ELEMENTS // (B * D)) + 4
-    blocks_big = -(-ELEMENTS // (2 * C * D)) + 2
+    need = [-(-(n // P) // B) + 1 for n in (prefill[0] + 1, prefill[1] + 1)]
+    n_big = -(-elements // (B * D)) + 4
+    blocks_big = -(-elements // (2 * C * D)) + 2
     top = iter(range(n_big - 1, -1, -1))
     big_pages = [[next(top) for _ in range(m)] for m in need]
     small_pages = [list(range(0, need[0])), list(range(need[0], need[0] + need[1]))]
@@ -68,12 +72,12 @@ def int64_addressing_check(device, forward: Optional[Callable] = None) -> List[s
                     small_pages, [1, 2]),
     }
     problems = []
-    assert sides["large"][0].compressed_cache.numel() >= ELEMENTS and sides["large"][0].tail_cache.numel() >= ELEMENTS
+    assert sides["large"][0].compressed_cache.numel() >= elements and sides["large"][0].tail_cache.numel() >= elements
     for step in range(2):
         g = torch.Generator().manual_seed(1234 + step)
         outs = {}
         for name, (caches, pages, rings) in sides.items():
-            meta = build_metadata(_batch(pages, rings, step), index_kpool=P, ring_capacity=C, page_size=B,
+            meta = build_metadata(_batch(pages, rings, step, prefill), index_kpool=P, ring_capacity=C, page_size=B,
                                   device=device)
             T = meta.num_tokens
             g.manual_seed(1234 + step)
