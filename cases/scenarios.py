@@ -296,10 +296,8 @@ def bad_metadata(size: str) -> Case:
     Random data."""
     import dataclasses
 
-    from kpool.rules import RULES
-
     from .patches import VIOLATION_PREFIX, MetadataPatch
-    from .violations import VIOLATIONS
+    from .violations import ERRORS, VIOLATIONS
     cfg = config_for(size)
     P = cfg.index_kpool
     plan = _Plan("bad-metadata", size, seed=707, page_size=2)
@@ -313,7 +311,7 @@ def bad_metadata(size: str) -> Case:
     geo = case.geometry
     args = (P, geo.num_pages, geo.page_size, geo.num_tail_blocks, cfg.ring_capacity)
     steps = [dataclasses.replace(st, patch_metadata=MetadataPatch(VIOLATION_PREFIX + st.name[4:], args),
-                                 expect_error=RULES[st.name[4:]].error, expect_rule=st.name[4:])
+                                 expect_error=ERRORS[st.name[4:]], expect_rule=st.name[4:])
              if st.name.startswith("bad:") else st for st in case.steps]
     return dataclasses.replace(case, steps=steps)
 

@@ -9,8 +9,9 @@ check of that rule was removed (a planted fault of :mod:`parity.faults`) is repo
 ``not-rejected`` (it ran on the bad metadata) or ``crash`` (another rule or exception fired).
 
 Needs a batch with at least two scheduled requests, a live row that completes a pool and a live
-row that does not (``bad-metadata``'s batch has them). Imports no :mod:`kpool` module except the
-rule names' source of truth in tests (this module only names rules as strings).
+row that does not (``bad-metadata``'s batch has them). :data:`ERRORS` restates each rule's class
+(``cases`` may import :mod:`kpool.errors`, not :mod:`kpool.rules`; tests/test_selftest.py checks
+that it equals :data:`kpool.rules.RULES`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import dataclasses
 from typing import Callable, Dict
 
 import torch
+
+from kpool import errors as E
 
 
 def _live_rows(meta) -> int:
@@ -133,6 +136,18 @@ VIOLATIONS: Dict[str, Callable] = {
 of ``B`` pools, ``blocks`` ring blocks of ``C`` rows). Not here: ``positions-int32-window`` (a live
 position ``>= INT32_MAX - P`` needs ``max_pool_seq_len >= 2**31 / P`` and a block table that wide:
 a device-size case, see ``tests/test_int64_addressing.py``)."""
+
+
+ERRORS = {
+    "max-pool-seq-len-range": E.KPoolMetadataError, "cum-query-lens-order": E.KPoolMetadataError,
+    "cum-query-lens-rows": E.KPoolMetadataError, "query-len-exceeds-raw": E.KPoolMetadataError,
+    "seq-lens-pools": E.KPoolMetadataError, "max-pool-seq-len-below-pools": E.KPoolMetadataError,
+    "positions-contiguous": E.KPoolMetadataError, "block-table-range": E.KPoolBlockIdError,
+    "ring-block-range": E.KPoolBlockIdError, "slot-range": E.KPoolBlockIdError, "tail-slot-range": E.KPoolBlockIdError,
+    "ring-block-shared": E.KPoolWriteConflictError, "slot-duplicate": E.KPoolWriteConflictError,
+    "slot-mapping-mismatch": E.KPoolSlotMappingError, "tail-slot-mapping-mismatch": E.KPoolSlotMappingError,
+}
+"""Rule name -> the :mod:`kpool.errors` class its rejection raises (parity-contract.md §5)."""
 
 
 def violate(rule: str, meta, *, index_kpool: int, num_pages: int, page_size: int, num_tail_blocks: int,

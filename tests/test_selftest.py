@@ -24,7 +24,9 @@ def test_catalog_size_and_rules():
     from cases.violations import VIOLATIONS
     from kpool.rules import RULES
     assert len(FAULTS) >= 30
-    assert set(VIOLATIONS) <= set(RULES)
+    from cases.violations import ERRORS
+    assert set(VIOLATIONS) <= set(RULES) and set(ERRORS) == set(VIOLATIONS)
+    assert {r: RULES[r].error for r in ERRORS} == ERRORS
     assert {f"rule:{r}" for r in VIOLATIONS} <= set(FAULTS)
     cpu = [f for f in FAULTS.values() if not f.device_only]
     assert len(cpu) >= 30 and NOT_PLANTED
