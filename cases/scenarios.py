@@ -288,6 +288,29 @@ def non_finite(size: str) -> Case:
     return plan.build("NaN and +-inf in k, gate, q, weights and APE: NaN / inf pooled keys and scores", "nonfinite")
 
 
+def bad_arguments(size: str) -> Case:
+    """``bad-arguments``: after a valid prefill, one step per tensor and scalar rejection rule of
+    ``validate_forward`` (:mod:`cases.bad_arguments`; parity-contract.md §5): both sides reject
+    with that rule's class (the kernel with its name too) and write nothing; then the batch,
+    valid. Random data."""
+    import dataclasses
+
+    from .bad_arguments import CORRUPTIONS
+    cfg = config_for(size)
+    P = cfg.index_kpool
+    plan = _Plan("bad-arguments", size, seed=909, page_size=2)
+    batch = [(0, 2 * P, 3), (1, P, 2)]
+    plan.step("context", [(0, 0, 2 * P), (1, 0, P)])
+    for name in CORRUPTIONS:
+        plan.step(f"bad:{name}", batch)
+    plan.step("after", batch)
+    case = plan.build("one bad-argument step per tensor / scalar rejection rule of validate_forward, then the "
+                      "valid batch", "random")
+    steps = [dataclasses.replace(st, bad_argument=st.name[4:], expect_error=CORRUPTIONS[st.name[4:]][1],
+                                 expect_rule=st.name[4:]) if st.name.startswith("bad:") else st for st in case.steps]
+    return dataclasses.replace(case, steps=steps)
+
+
 def bad_metadata(size: str) -> Case:
     """``bad-metadata``: after a valid prefill, one step per metadata rejection rule of
     ``validate_forward`` (:mod:`cases.violations`; parity-contract.md §5): each breaks exactly
@@ -326,6 +349,7 @@ SCENARIOS: Dict[str, Callable[[str], Case]] = {
     "prefill-topk-no-tail": lambda size: without_tail(prefill_topk(size)),
     "non-finite": non_finite,
     "bad-metadata": bad_metadata,
+    "bad-arguments": bad_arguments,
 }
 """Scenario name -> ``fn(size) -> Case``. ``prefill-topk-no-tail`` is HF's second mode
 (``always_select_tail=False``, rows of width ``K_tok``, kpool-algorithm.md §10)."""

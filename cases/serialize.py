@@ -119,6 +119,7 @@ def _step_doc(step, *, patches_required: bool) -> dict:
         "patched_metadata": patch is not None and not getattr(patch, "from_builder", False),
         "expect_error": step.expect_error.__name__ if step.expect_error else None,
         "expect_rule": getattr(step, "expect_rule", None),
+        "bad_argument": getattr(step, "bad_argument", None),
         "forks": [list(f) for f in step.forks],
         "max_score_rows": step.max_score_rows,
         # how the stored tensors were generated (informational: a load reads the tensors)
@@ -192,6 +193,7 @@ def case_from_json(doc: dict, tensors: dict) -> Case:
             output_buffer=OutputBufferSpec(**s["output_buffer"]) if s["output_buffer"] else None,
             seed=s["seed"], inputs=SavedInputs(inputs) if inputs is not None else None,
             patch_metadata=patch, expect_error=error_class(s["expect_error"]), expect_rule=s.get("expect_rule"),
+            bad_argument=s.get("bad_argument"),
             forks=tuple(tuple(f) for f in s.get("forks", ())), max_score_rows=s.get("max_score_rows")))
     return Case(name=doc["name"], size=doc["size"], config=KPoolConfig(**doc["config"]),
                 geometry=CacheGeometry(**doc["geometry"]), steps=steps, ape=tensors["ape"], seed=doc["seed"],

@@ -27,13 +27,19 @@ def test_catalog_size_and_rules():
     from cases.violations import ERRORS
     assert set(VIOLATIONS) <= set(RULES) and set(ERRORS) == set(VIOLATIONS)
     assert {r: RULES[r].error for r in ERRORS} == ERRORS
-    assert {f"rule:{r}" for r in VIOLATIONS} <= set(FAULTS)
+    from cases.bad_arguments import CORRUPTIONS
+    assert {f"rule:{r}" for r in (*VIOLATIONS, *CORRUPTIONS)} <= set(FAULTS)
+    assert {r: RULES[r].error for r in CORRUPTIONS} == {r: e for r, (_, e) in CORRUPTIONS.items()}
+    planted = {n[5:] for n in FAULTS if n.startswith("rule:")}
+    # every rule validate_forward raises has a fault, except the one NOT_PLANTED names
+    forward_rules = {"positions-int32-window", *planted}
+    assert forward_rules <= set(RULES) and "positions-int32-window" in NOT_PLANTED
     cpu = [f for f in FAULTS.values() if not f.device_only]
     assert len(cpu) >= 30 and NOT_PLANTED
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", ["rule:slot-duplicate", "bf16-truncate", "chunk-last-skipped"])
+@pytest.mark.parametrize("name", ["rule:slot-duplicate", "rule:dtype", "bf16-truncate", "chunk-last-skipped"])
 def test_sample_fault_is_caught(name):
     from parity.selftest import hunt
     r = hunt(name, "cpu", ["corpus", "seed"], "small")
@@ -41,12 +47,13 @@ def test_sample_fault_is_caught(name):
 
 
 @pytest.mark.integration
-def test_bad_metadata_steps_reject_with_their_rule():
-    """The real kernels pass every bad-metadata step (each raises its rule's class and name)."""
-    from cases.scenarios import bad_metadata
+@pytest.mark.parametrize("scenario", ["bad_metadata", "bad_arguments"])
+def test_bad_input_steps_reject_with_their_rule(scenario):
+    """The real kernels pass every bad-input step (each raises its rule's class and name)."""
+    import cases.scenarios as S
     from parity.runner import run_case
-    res = run_case(bad_metadata("small"), device="cpu")
+    case = getattr(S, scenario)("small")
+    res = run_case(case, device="cpu")
     assert res.ok, res.failures
     errors = res.findings[res.findings["output"] == "error"]
-    assert len(errors) == len([s for s in bad_metadata("small").steps if s.expect_error]) and \
-        set(errors["verdict"]) == {"exact"}
+    assert len(errors) == len([s for s in case.steps if s.expect_error]) and set(errors["verdict"]) == {"exact"}

@@ -4,7 +4,8 @@ One catalog: :data:`FAULTS` = the named mutants of :data:`parity.mutants.MUTANTS
 ``--kernel mutant:NAME`` runs), the kernel and orchestration faults of
 :mod:`parity.faults.kernels`, and one fault per metadata rejection rule of
 ``kpool.validation.validate_forward`` (:func:`rule_fault`: that rule's ``reject`` made a no-op in
-a copy of ``kpool``, so the check is gone and the forward goes on). Every fault is a textual
+a copy of ``kpool``, so the check is gone and the forward goes on; caught by the seed scenarios
+``bad-metadata`` and ``bad-arguments``). Every fault is a textual
 mutation applied by :func:`parity.mutants.load_mutant` (it raises when the old text is
 missing), so a refactor that moves a target fails ``tests/test_selftest.py`` instead of
 silently testing nothing.
@@ -72,13 +73,14 @@ _STAGES = {
 
 
 def _catalog() -> Dict[str, Fault]:
+    from cases.bad_arguments import CORRUPTIONS
     from cases.violations import VIOLATIONS
 
     from ..mutants import MUTANTS
     out = {}
     for name, mutation in {**MUTANTS, **KERNEL_FAULTS}.items():
         out[name] = Fault(name, _STAGES.get(name, "other"), tuple(mutation), DEVICE_ONLY.get(name))
-    for rule in VIOLATIONS:
+    for rule in (*VIOLATIONS, *CORRUPTIONS):
         out[f"rule:{rule}"] = Fault(f"rule:{rule}", "rules", rule_fault(rule))
     return out
 
@@ -88,12 +90,7 @@ FAULTS: Dict[str, Fault] = _catalog()
 
 NOT_PLANTED = {
     "positions-int32-window": "a live position >= INT32_MAX - P needs max_pool_seq_len >= 2**31 / P and a "
-                              "block table that wide; no interpreter-size bad-input step (follow-up: device case)",
-    "forward tensor rules": "scalar-int-type, scalar-bool-type, index-kpool-positive, index-topk-multiple, score-mode, "
-                            "tensor-type, dtype, shape, ring-capacity, cache-inner-stride, cache-empty, "
-                            "tail-block-table-columns, q-heads, output-buffer-*, one-device, written-*: the parity "
-                            "steps corrupt metadata only; these are asserted by the unit tests (tests/test_validation.py, "
-                            "test_aliasing.py, test_arguments.py) but no default-suite bad-input step has them yet",
+                              "block table that wide (2**29 pools at P = 4): no interpreter-size bad-input step; follow-up",
     "builder and backend rules": "argument-type, context-parallel-*, config-*, builder-*, allocation-size: not "
                                  "checked by validate_forward (the harness builds metadata and caches with the "
                                  "production builders, so a removed check changes no forward)",
