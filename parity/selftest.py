@@ -3,7 +3,7 @@ default suites; per fault which suite caught it, with which finding class, and t
 (issue 13: the harness proves it catches what it claims).
 
 Per fault: a mutated copy of ``kpool`` (:func:`parity.mutants.load_mutant`) is the kernel under
-test; the suites run cheap-first (corpus and seed cases ordered by their token rows, then public,
+test; the suites run cheap-first (corpus and seed cases together, ordered by token rows, then public,
 then generated) and the fault's run stops at the first failure (``run_case(stop_on_failure=True)``,
 the first failing public check, the generated driver's first failing example). Device-only faults
 (:data:`parity.faults.kernels.DEVICE_ONLY`) are listed and left out of the CPU kill rate; on a
@@ -35,10 +35,12 @@ def add_selftest_parser(sub) -> None:
     p.add_argument("--size", default="all", choices=("small", "glm5.3-flash", "all"), help="seed case sizes")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--list", action="store_true", help="list the catalog and the rules without a fault")
+    p.add_argument("--json", metavar="FILE", default=None, help="also write the per-fault results here")
 
 
 def _seed_and_corpus(suites: List[str], size: str) -> List[tuple]:
-    """``[(suite, case)]`` of the corpus and seed suites, cheapest (fewest token rows) first."""
+    """``[(suite, case)]`` of the corpus and seed suites together, cheapest (fewest token rows
+    over all steps) first."""
     from cases.scenarios import SIZES, seed_cases
 
     from .suites import corpus_cases
@@ -50,8 +52,7 @@ def _seed_and_corpus(suites: List[str], size: str) -> List[tuple]:
 
     def rows(item):
         return sum(r.query_len + r.cached_len for s in item[1].steps for r in s.batch.requests)
-    order = {s: i for i, s in enumerate(SUITE_ORDER)}
-    return sorted(out, key=lambda it: (order[it[0]], rows(it)))
+    return sorted(out, key=rows)
 
 
 def hunt(name: str, device: str, suites: List[str], size: str = "all") -> Dict:
@@ -148,6 +149,10 @@ def selftest_main(args) -> int:
         console.print(f"  {n:<36} {FAULTS[n].stage:<16} device only, not run on cpu: {FAULTS[n].device_only}",
                       markup=False)
     rate = 100.0 * len(caught) / len(results) if results else 100.0
+    if args.json:
+        import json
+        with open(args.json, "w") as fh:
+            json.dump(dict(device=device, suites=list(args.suite), results=results, device_only=skipped), fh, indent=1)
     console.print(f"selftest: {len(caught)}/{len(results)} faults caught ({rate:.1f}%) on {device} in "
                   f"{time.perf_counter() - t0:.0f} s; {len(skipped)} device-only not run; suites {','.join(args.suite)}",
                   markup=False)
@@ -164,8 +169,11 @@ def _run_all(names: List[str], device: str, suites: List[str], size: str, jobs: 
         return out
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import as_completed
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(hunt, n, device, suites, size) for n in names]
+        futures = {pool.submit(hunt, n, device, suites, size): n for n in names}
+        for f in as_completed(futures):
+            console.print(f"  ... {futures[f]}: {'caught' if f.result()['caught'] else 'SURVIVED'}", markup=False)
         return [f.result() for f in futures]
 
 

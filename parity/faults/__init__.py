@@ -58,7 +58,7 @@ _STAGES = {
     "padding-row-writes": "padding", "ring-stash-gated-on-pool-slot": "ring-write",
     "ring-capacity-p": "ring-write", "padding-slot-minus-one": "padding", "chunk-offset": "chunked-scoring",
     "window-first-row-from-ring": "window", "window-shifted": "window", "ring-read-k-from-gate-plane": "window",
-    "softmax-max-skips-slot": "softmax", "bf16-truncate": "bf16-rounding",
+    "softmax-normalizer-skips-slot": "softmax", "bf16-truncate": "bf16-rounding",
     "ring-write-gate-into-k-plane": "ring-write", "ring-write-span-short": "ring-write",
     "request-boundary": "window", "completing-row-offset": "completing-row",
     "prefill-relu-dropped": "head-reduction", "decode-last-head-dropped": "head-reduction",
