@@ -107,7 +107,11 @@ def _step_doc(step, *, patches_required: bool) -> dict:
     if patch is not None and not isinstance(patch, MetadataPatch) and patches_required:
         raise ValueError(f"step {step.name}: patch {patch!r} is not serialisable")
     b = step.batch
+    # bad-input fields only where set (a corpus entry stays small and human-readable)
+    extra = {k: v for k, v in (("expect_rule", getattr(step, "expect_rule", None)),
+                               ("bad_argument", getattr(step, "bad_argument", None))) if v is not None}
     return {
+        **extra,
         "name": step.name,
         "request_ids": list(step.request_ids),
         "requests": [[r.cached_len, r.query_len, [int(p) for p in r.block_table], r.ring_block] for r in b.requests],
@@ -118,8 +122,6 @@ def _step_doc(step, *, patches_required: bool) -> dict:
         "patch": patch.to_json() if isinstance(patch, MetadataPatch) else None,
         "patched_metadata": patch is not None and not getattr(patch, "from_builder", False),
         "expect_error": step.expect_error.__name__ if step.expect_error else None,
-        "expect_rule": getattr(step, "expect_rule", None),
-        "bad_argument": getattr(step, "bad_argument", None),
         "forks": [list(f) for f in step.forks],
         "max_score_rows": step.max_score_rows,
         # how the stored tensors were generated (informational: a load reads the tensors)
