@@ -19,6 +19,8 @@ import time
 from typing import Dict, List, Optional
 
 SUITE_ORDER = ("corpus", "seed", "public", "generated")
+BAD_INPUT_SCENARIOS = ("bad-metadata", "bad-arguments")
+"""Seed scenarios with one bad-input step per rejection rule: a rule fault's hunt runs them first."""
 
 
 def add_selftest_parser(sub) -> None:
@@ -87,7 +89,10 @@ def hunt(name: str, device: str, suites: List[str], size: str = "all") -> Dict:
         problems = int64_addressing_check(device, forward)
         if problems:
             return done("device-large-case", "int64-addressing", ["mismatch"], problems[0])
-    for suite, case in _seed_and_corpus(suites, size):
+    cases = _seed_and_corpus(suites, size)
+    if fault.stage == "rules":   # speed only: the bad-input scenarios first (the report names the suite)
+        cases.sort(key=lambda it: it[1].name not in BAD_INPUT_SCENARIOS)
+    for suite, case in cases:
         res = run_case(case, device=device, kernel_forward=forward, check_oracle=False, stop_on_failure=True)
         bad = res.findings[res.findings["verdict"].map(is_failure)] if len(res.findings) else res.findings
         if len(bad):
