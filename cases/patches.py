@@ -12,6 +12,11 @@ uses one can be written to the corpus as JSON and read back. Kinds:
   ``>= first_padded`` carry a stale ``raw_seq_lens = raw_len`` (``seq_lens = raw_len // P``) from
   an earlier replay (C17 (c)). Valid metadata (the padded requests own no rows): outputs must
   not change.
+* ``"violate:<rule>"`` ``(P, N, B, blocks, C)``: breaks exactly the rejection rule ``<rule>``
+  (:mod:`cases.violations`; the seed scenario ``bad-metadata``). Invalid metadata.
+* ``"accepted:<name>"`` ``(P, N, B, blocks, C)``: valid metadata the builder never produces
+  (:mod:`cases.accepted`: completing padding rows, a tight block table, garbage in unread
+  table columns, idle requests' ring blocks). Outputs must not change.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from typing import Tuple
 import torch
 
 PATCH_KINDS = ("ring-block-out-of-range", "stale-padded-lengths")
+VIOLATION_PREFIX = "violate:"
+ACCEPTED_PREFIX = "accepted:"
 
 
 @dataclass(frozen=True)
@@ -35,10 +42,20 @@ class MetadataPatch:
     args: Tuple[int, ...]
 
     def __post_init__(self):
-        if self.kind not in PATCH_KINDS:
+        if self.kind not in PATCH_KINDS and not self.kind.startswith((VIOLATION_PREFIX, ACCEPTED_PREFIX)):
             raise ValueError(f"patch kind must be one of {PATCH_KINDS}, got {self.kind!r}")
 
     def __call__(self, meta):
+        if self.kind.startswith(ACCEPTED_PREFIX):
+            from .accepted import rewrite
+            P, N, B, blocks, C = self.args
+            return rewrite(self.kind[len(ACCEPTED_PREFIX):], meta, index_kpool=P, num_pages=N, page_size=B,
+                           num_tail_blocks=blocks, ring_capacity=C)
+        if self.kind.startswith(VIOLATION_PREFIX):
+            from .violations import violate
+            P, N, B, blocks, C = self.args
+            return violate(self.kind[len(VIOLATION_PREFIX):], meta, index_kpool=P, num_pages=N, page_size=B,
+                           num_tail_blocks=blocks, ring_capacity=C)
         meta = meta.clone()
         if self.kind == "ring-block-out-of-range":
             r, block, C = self.args

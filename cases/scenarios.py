@@ -273,6 +273,72 @@ def cache_only(size: str) -> Case:
     return plan.build("cache-only (compute_topk=False) steps interleaved with scored steps", "exact")
 
 
+def non_finite(size: str) -> Case:
+    """``non-finite``: prefill, chunked prefill and decode steps on the ``nonfinite`` value
+    family (:mod:`cases.values`: NaN and +-inf in keys, gates, queries, weights and APE): pooled
+    keys and scores that become NaN or infinite, sanitized alike on both sides (§4.3)."""
+    glm = _glm(size)
+    P = config_for(size).index_kpool
+    A = 40 * P + 3 if glm else 9 * P + 2
+    plan = _Plan("non-finite", size, seed=808, page_size=4)
+    plan.step("prefill", [(0, 0, A), (1, 0, 3 * P + 1)])
+    plan.step("chunk", [(1, 3 * P + 1, 2 * P), (0, A, P + 1)])
+    plan.step("decode", [(0, A + P + 1, 1), (1, 5 * P + 1, 1)])
+    plan.step("decode-2", [(0, A + P + 2, 1), (1, 5 * P + 2, 1)])
+    return plan.build("NaN and +-inf in k, gate, q, weights and APE: NaN / inf pooled keys and scores", "nonfinite")
+
+
+def bad_arguments(size: str) -> Case:
+    """``bad-arguments``: after a valid prefill, one step per tensor and scalar rejection rule of
+    ``validate_forward`` (:mod:`cases.bad_arguments`; parity-contract.md §5): both sides reject
+    with that rule's class (the kernel with its name too) and write nothing; then the batch,
+    valid. Random data."""
+    import dataclasses
+
+    from .bad_arguments import CORRUPTIONS
+    cfg = config_for(size)
+    P = cfg.index_kpool
+    plan = _Plan("bad-arguments", size, seed=909, page_size=2)
+    batch = [(0, 2 * P, 3), (1, P, 2)]
+    plan.step("context", [(0, 0, 2 * P), (1, 0, P)])
+    for name in CORRUPTIONS:
+        plan.step(f"bad:{name}", batch)
+    plan.step("after", batch)
+    case = plan.build("one bad-argument step per tensor / scalar rejection rule of validate_forward, then the "
+                      "valid batch", "random")
+    steps = [dataclasses.replace(st, bad_argument=st.name[4:], expect_error=CORRUPTIONS[st.name[4:]][1],
+                                 expect_rule=st.name[4:]) if st.name.startswith("bad:") else st for st in case.steps]
+    return dataclasses.replace(case, steps=steps)
+
+
+def bad_metadata(size: str) -> Case:
+    """``bad-metadata``: after a valid prefill, one step per metadata rejection rule of
+    ``validate_forward`` (:mod:`cases.violations`; parity-contract.md §5): each breaks exactly
+    that rule, both sides must reject it (the kernel with that rule's class and name) and write
+    nothing; then the same batch, valid, which must see caches untouched by the bad steps.
+    Random data."""
+    import dataclasses
+
+    from .patches import VIOLATION_PREFIX, MetadataPatch
+    from .violations import ERRORS, VIOLATIONS
+    cfg = config_for(size)
+    P = cfg.index_kpool
+    plan = _Plan("bad-metadata", size, seed=707, page_size=2)
+    A = 3 * P + 1
+    batch = [(0, A, P), (1, 2 * P, 2), (2, P + 1, 2)]
+    plan.step("context", [(0, 0, A), (1, 0, 2 * P), (2, 0, P + 1)])
+    for rule in VIOLATIONS:
+        plan.step(f"bad:{rule}", batch)
+    plan.step("after", batch)
+    case = plan.build("one bad-metadata step per rejection rule of validate_forward, then the valid batch", "random")
+    geo = case.geometry
+    args = (P, geo.num_pages, geo.page_size, geo.num_tail_blocks, cfg.ring_capacity)
+    steps = [dataclasses.replace(st, patch_metadata=MetadataPatch(VIOLATION_PREFIX + st.name[4:], args),
+                                 expect_error=ERRORS[st.name[4:]], expect_rule=st.name[4:])
+             if st.name.startswith("bad:") else st for st in case.steps]
+    return dataclasses.replace(case, steps=steps)
+
+
 SCENARIOS: Dict[str, Callable[[str], Case]] = {
     "prefill-tail": prefill_tail,
     "decode-tail": decode_tail,
@@ -281,6 +347,9 @@ SCENARIOS: Dict[str, Callable[[str], Case]] = {
     "full-padding": full_padding,
     "cache-only": cache_only,
     "prefill-topk-no-tail": lambda size: without_tail(prefill_topk(size)),
+    "non-finite": non_finite,
+    "bad-metadata": bad_metadata,
+    "bad-arguments": bad_arguments,
 }
 """Scenario name -> ``fn(size) -> Case``. ``prefill-topk-no-tail`` is HF's second mode
 (``always_select_tail=False``, rows of width ``K_tok``, kpool-algorithm.md §10)."""

@@ -107,7 +107,11 @@ def _step_doc(step, *, patches_required: bool) -> dict:
     if patch is not None and not isinstance(patch, MetadataPatch) and patches_required:
         raise ValueError(f"step {step.name}: patch {patch!r} is not serialisable")
     b = step.batch
+    # bad-input fields only where set (a corpus entry stays small and human-readable)
+    extra = {k: v for k, v in (("expect_rule", getattr(step, "expect_rule", None)),
+                               ("bad_argument", getattr(step, "bad_argument", None))) if v is not None}
     return {
+        **extra,
         "name": step.name,
         "request_ids": list(step.request_ids),
         "requests": [[r.cached_len, r.query_len, [int(p) for p in r.block_table], r.ring_block] for r in b.requests],
@@ -190,7 +194,8 @@ def case_from_json(doc: dict, tensors: dict) -> Case:
             name=s["name"], batch=batch, request_ids=list(s["request_ids"]), compute_topk=s["compute_topk"],
             output_buffer=OutputBufferSpec(**s["output_buffer"]) if s["output_buffer"] else None,
             seed=s["seed"], inputs=SavedInputs(inputs) if inputs is not None else None,
-            patch_metadata=patch, expect_error=error_class(s["expect_error"]),
+            patch_metadata=patch, expect_error=error_class(s["expect_error"]), expect_rule=s.get("expect_rule"),
+            bad_argument=s.get("bad_argument"),
             forks=tuple(tuple(f) for f in s.get("forks", ())), max_score_rows=s.get("max_score_rows")))
     return Case(name=doc["name"], size=doc["size"], config=KPoolConfig(**doc["config"]),
                 geometry=CacheGeometry(**doc["geometry"]), steps=steps, ape=tensors["ape"], seed=doc["seed"],

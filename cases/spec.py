@@ -47,6 +47,11 @@ class Step:
         patch_metadata: optional ``fn(metadata) -> metadata`` applied after the builder
             (e.g. to plant out-of-range slots); the patched metadata is what both sides see.
         expect_error: exception type both sides must raise (bad-input steps, contract §5).
+        expect_rule: the :data:`kpool.rules.RULES` name the kernel's exception must carry
+            (``None``: any rule of ``expect_error``'s class); a build whose check of that rule
+            was removed then fails even when a later check of the same class fires.
+        bad_argument: a :data:`cases.bad_arguments.CORRUPTIONS` name: both sides get the step's
+            keyword arguments with that corruption (a tensor or scalar rule broken).
         forks: prefix-cache resumes that happen before this step, as ``(src_id, dst_id,
             upto_position)``: request ``dst_id`` starts from the first ``upto_position`` tokens of
             ``src_id`` (its block table shares ``src_id``'s pages; the oracle copies that prefix
@@ -67,6 +72,8 @@ class Step:
     inputs: Optional[Callable] = None
     patch_metadata: Optional[Callable[[KPoolMetadata], KPoolMetadata]] = None
     expect_error: Optional[type] = None
+    expect_rule: Optional[str] = None
+    bad_argument: Optional[str] = None
     forks: Sequence[Tuple[int, int, int]] = ()
     max_score_rows: Optional[int] = None
 

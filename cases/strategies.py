@@ -12,7 +12,9 @@ one):
   decode / MTP rows, zero-length requests, chunk starts at every residue mod P, pool-aligned
   prefix resumes, FULL-mode padding with stale slots and stale padded-request lengths, permuted
   non-contiguous block tables, padded page and ring strides, caller output buffers wider than W,
-  page sizes 1..64, and (rarely) an out-of-range ring block both sides must reject (C05).
+  page sizes 1..64, metadata only validation produces (:mod:`cases.accepted`: completing padding
+  rows, tight block tables, garbage in unread table columns, idle requests' ring blocks), and
+  (rarely) an out-of-range ring block both sides must reject (C05).
 * :func:`engine_cases`: whole engine sequences over one cache pair (:mod:`cases.engine`): admit,
   prefill chunks, decode, MTP verify with partial acceptance and replay, FULL-mode replays with
   padding, cache-only steps, finish and reuse of pages and ring blocks, prefix resumes.
@@ -56,7 +58,8 @@ from kpool.errors import KPoolBlockIdError
 
 from .engine import Action, EngineSim, FullMode
 from .genvalues import FAMILIES, SPECIAL_KINDS, SPECIAL_TENSORS, Special, ValueSpec, random_ape
-from .patches import MetadataPatch
+from .accepted import ACCEPTED
+from .patches import ACCEPTED_PREFIX, MetadataPatch
 from .spec import Case, OutputBufferSpec
 
 KPOOLS = (4, 1, 2, 8, 16)
@@ -78,6 +81,8 @@ class Bounds:
         extra_len: request lengths reach ``K_tok + 2P + extra_len`` (visible > K_pool possible).
         page_sizes: allowed ``B``. special_chance: percent of steps with NaN/inf injections.
         bad_metadata_chance: percent of steps replaced by an invalid-ring-block step.
+        accepted_chance: percent of the other steps whose metadata is rewritten into valid
+            metadata the builder never produces (:mod:`cases.accepted`).
         verify_weight / chunk_weight: how many times "MTP verify" / "prefill chunk" appear in the
             action menu (decode, zero-length and skip appear once): MTP rejection needs a verify
             *and* a later step; most prefill faults need a multi-row chunk.
@@ -103,6 +108,7 @@ class Bounds:
     page_sizes: Tuple[int, ...] = PAGE_SIZES
     special_chance: int = 15
     bad_metadata_chance: int = 4
+    accepted_chance: int = 20
     undersized_ring: bool = False
     verify_weight: int = 2
     chunk_weight: int = 2
@@ -239,6 +245,10 @@ def _draw_step(draw, ctx: _Ctx, index: int, kind: Optional[str] = None) -> None:
         patch = MetadataPatch("ring-block-out-of-range",
                               (r, sim.num_ring_blocks + draw(st.integers(0, 4096)), sim.C))
         expect = KPoolBlockIdError
+    if patch is None and _chance(draw, ctx.bounds.accepted_chance):
+        # the rest of what validate_forward accepts (issue 13 part 2)
+        patch = MetadataPatch(ACCEPTED_PREFIX + draw(st.sampled_from(sorted(ACCEPTED))),
+                              (cfg.index_kpool, sim.num_pages, sim.B, sim.num_ring_blocks, sim.C))
     seed = ctx.case_seed * 1000 + index + 1
     values = draw(value_specs(seed, ctx.case_seed, ctx.family, ctx.weights_bf16, ctx.bounds.special_chance))
     names = {"eager": "step", "full": "full-replay", "cache-only": "cache-only"}

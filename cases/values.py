@@ -16,6 +16,12 @@ Two value families (``Case.values``):
   ``D <= 128`` (see :func:`exact_score_bound`), so the scores are bit-identical in any summation
   order (kpool-algorithm.md §11 "exact-data parity cases"; parity-contract.md §3.2 last line).
 
+* ``"nonfinite"``: ``"random"`` with sparse NaN, +inf and -inf planted at fixed places in the
+  live rows of ``k``, ``gate``, ``q``, ``weights`` and ``-inf`` in one APE element
+  (:func:`_plant_nonfinite`): pooled keys and scores that become NaN or infinite, which the
+  kernels and the reference must treat alike (kpool-algorithm.md §4.3 sanitization, §5.3: NaN
+  propagates through the pool softmax; a -inf logit weighs 0).
+
 Rows at or beyond ``T_live`` (FULL-mode padding) also get values, deliberately garbage-like and
 large, so any leak of a padding row into a pool, the ring or a score is visible.
 
@@ -32,7 +38,7 @@ import torch
 from kpool.config import KPoolConfig
 from kpool.metadata import KPoolMetadata
 
-VALUE_FAMILIES = ("random", "exact")
+VALUE_FAMILIES = ("random", "exact", "nonfinite")
 
 EXACT_K_SCALE = 0.25          # exact keys: i * 2^-2, |i| <= 4
 EXACT_INT_RANGE = 4           # exact integers are drawn from [-4, 4]
@@ -81,7 +87,12 @@ def make_ape(config: KPoolConfig, seed: int, values: str = "random") -> torch.Te
     if values == "exact":
         return torch.zeros(P, D, dtype=torch.float32)
     # A distinct second word so the APE stream never equals a step's stream.
-    return torch.randn(P, D, generator=_generator(seed, 0xA9E), dtype=torch.float32)
+    ape = torch.randn(P, D, generator=_generator(seed, 0xA9E), dtype=torch.float32)
+    if values == "nonfinite" and P > 1:
+        # -inf only: a +inf or NaN APE element would make that channel NaN in every pool, and so
+        # every score NaN, which would hide the selection
+        ape[1, min(2, D - 1)] = float("-inf")
+    return ape
 
 
 def case_ape(case) -> torch.Tensor:
@@ -121,7 +132,7 @@ def make_inputs(case, step, metadata: KPoolMetadata) -> dict:
     T, T_live = metadata.num_tokens, metadata.num_live_tokens
     H, D = cfg.index_n_heads, cfg.index_head_dim
     g = _generator(case.seed, step.seed)
-    if case.values == "random":
+    if case.values in ("random", "nonfinite"):
         k = torch.randn(T, D, generator=g).to(torch.bfloat16).to(torch.float32)
         gate = torch.randn(T, D, generator=g) * RANDOM_GATE_STD
         q = torch.randn(T, H, D, generator=g).to(torch.bfloat16)
@@ -132,8 +143,34 @@ def make_inputs(case, step, metadata: KPoolMetadata) -> dict:
         gate = torch.zeros(T, D, dtype=torch.float32)
         q = torch.randint(-n, n + 1, (T, H, D), generator=g).to(torch.bfloat16)
         weights = torch.randint(-n, n + 1, (T, H), generator=g).to(torch.float32) * EXACT_W_SCALE
+    if case.values == "nonfinite":
+        _plant_nonfinite(T_live, k, gate, q, weights, step.seed)
     _fill_padding(T_live, k, gate, q, weights, g)
     return dict(k=k, gate=gate, q=q, weights=weights)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _plant_nonfinite(T_live: int, k, gate, q, weights, salt: int) -> None:
+    """Sparse NaN / +inf / -inf in the live rows (in place), at places that move with ``salt``
+    (the step seed): about one row in 5 gets one special value in one tensor. A NaN or +inf key
+    or a +inf gate logit makes its pool's key NaN (every score of that pool NaN: sanitized to
+    LOWEST, §4.3); a -inf gate logit weighs its token 0; a NaN / inf query or head weight makes
+    that row's scores NaN or infinite (+inf ranks like FLT_MAX, -inf like LOWEST)."""
+    D, H = k.shape[1], q.shape[1]
+    plan = ((k, NAN), (gate, -INF), (q, INF), (weights, NAN), (k, INF), (gate, INF), (q, -INF), (weights, -INF),
+            (q, NAN), (weights, INF))
+    for t in range(T_live):
+        if (t + salt) % 5:
+            continue
+        target, value = plan[((t + salt) // 5) % len(plan)]
+        if target is weights:
+            target[t, (t + salt) % H] = value
+        elif target is q:
+            target[t, (t + salt) % H, (3 * t + salt) % D] = value
+        else:
+            target[t, (3 * t + salt) % D] = value
 
 
 def _fill_padding(T_live: int, k, gate, q, weights, g: torch.Generator) -> None:

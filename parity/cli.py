@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bisect import add_bisect_parser
     from .golden import add_golden_parser
     from .replay import add_replay_parser
+    from .selftest import add_selftest_parser
     parser = argparse.ArgumentParser(prog="python -m parity",
                                      description="Bit-exact parity of the KPool Triton kernels vs the PyTorch reference.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -60,9 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
                                         "a failing generated case is kept in REPORT/corpus-candidates.")
     _add_run_arguments(record)
     add_replay_parser(sub)
+<<<<<<< HEAD
     add_ab_parser(sub)
     add_golden_parser(sub)
     add_bisect_parser(sub)
+=======
+    add_selftest_parser(sub)
+>>>>>>> selftest
     merge = sub.add_parser("merge", help="combine the reports of a sharded run (run --shard i/n) into one",
                            description="Combine the --report directories of the shards of one run (python -m "
                                        "parity run --shard i/n --report DIR on each host) into the report the "
@@ -222,6 +227,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "replay":
         from .replay import replay_main
         return replay_main(args)
+<<<<<<< HEAD
     if args.command == "ab":
         from .ab import ab_main
         return ab_main(args)
@@ -231,6 +237,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "bisect":
         from .bisect import bisect_main
         return bisect_main(args)
+=======
+    if args.command == "selftest":
+        from .selftest import selftest_main
+        return selftest_main(args)
+>>>>>>> selftest
     if args.command == "merge":
         from .merge import merge_main
         return merge_main(args)

@@ -311,15 +311,18 @@ def _same_error_type(kernel_exc: BaseException, reference_exc: BaseException) ->
 
 
 def compare_errors(kernel_exc: Optional[BaseException], reference_exc: Optional[BaseException],
-                   expected: type, output: str = "error") -> List[dict]:
+                   expected: type, output: str = "error", rule: Optional[str] = None) -> List[dict]:
     """parity-contract.md §5: both sides must reject the bad input with the same exception type.
 
     The kernel must raise an ``expected`` (by class name along its MRO, see
     :func:`exception_kind`); the reference must raise the same type or a builtin base of it
     (:func:`_same_error_type`).
 
+    ``rule``: the :data:`kpool.rules.RULES` name the kernel's exception must carry (its ``rule``
+    attribute), or ``None`` for any.
+
     Returns one finding: ``exact``; ``not-rejected`` when a side raised nothing; ``crash`` when a
-    side raised something else. (That nothing was written is checked by the sentinels with an
+    side raised something else, or the kernel's exception names another rule than ``rule``. (That nothing was written is checked by the sentinels with an
     empty write set and by the cache comparisons.)
     """
     def name(e):
@@ -331,6 +334,9 @@ def compare_errors(kernel_exc: Optional[BaseException], reference_exc: Optional[
                         detail=f"expected {expected.__name__}; {' and '.join(missing)} raised nothing ({both})")]
     if not exception_kind(kernel_exc, expected) or not _same_error_type(kernel_exc, reference_exc):
         return [finding(output, "crash", 1, detail=f"expected {expected.__name__} on both sides; {both}")]
+    if rule is not None and getattr(kernel_exc, "rule", None) != rule:
+        return [finding(output, "crash", 1, detail=f"expected rule {rule!r}, kernel raised rule "
+                                                   f"{getattr(kernel_exc, 'rule', None)!r}; {both}")]
     return [finding(output, "exact", detail=f"kernel {type(kernel_exc).__name__}, "
                                             f"reference {type(reference_exc).__name__}")]
 

@@ -221,6 +221,16 @@ def _side_kwargs(case, step, built, caches, buf, dev, fn: Optional[Callable] = N
                                 output_buffer=buf.view if buf is not None else None, **extra)
 
 
+def _bad_arguments(step, kwargs: dict) -> dict:
+    """The keyword arguments a side is called with: ``kwargs``, or its corruption when the step
+    is a bad-argument step (:attr:`cases.spec.Step.bad_argument`, parity-contract.md §5)."""
+    name = getattr(step, "bad_argument", None)
+    if name is None:
+        return kwargs
+    from cases.bad_arguments import corrupt
+    return corrupt(name, kwargs)
+
+
 def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _StepResult:
     """One step: forwards of both sides (the kernel ``run.repeat`` times), every comparison."""
     from . import certificates as certs
@@ -252,13 +262,13 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
         buf = sen.allocate_output_buffer(step.output_buffer, device=side.dev) if step.output_buffer else None
         buf_before = buf.backing.detach().cpu().clone() if buf is not None else None
         kwargs = _side_kwargs(case, step, built, side.caches, buf, side.dev, fn if side is kernel else None)
-        out, exc, wall = call(fn, kwargs, side.dev)
+        out, exc, wall = call(fn, _bad_arguments(step, kwargs), side.dev)
         modified_inputs[side.name] = _modified_inputs(kwargs, dict(inputs, ape=ape, **meta.forward_kwargs()))
         times[side.name] = wall
         if pristine is not None:
             t0 = time.perf_counter()
             det_rows = determinism_findings(
-                step, fn, lambda caches, b: _side_kwargs(case, step, built, caches, b, side.dev, fn),
+                step, fn, lambda caches, b: _bad_arguments(step, _side_kwargs(case, step, built, caches, b, side.dev, fn)),
                 side.caches, side.dev, pristine, (out, exc, buf), run.repeat)
             times["kernel-repeat"] = time.perf_counter() - t0
         checks = sen.check_caches(side.caches, before, ws)
@@ -286,7 +296,7 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
             exact_scores=exact_ties)
     rows, stop = [], False
     if step.expect_error is not None:
-        rows += cmp.compare_errors(kexc, rexc, step.expect_error)
+        rows += cmp.compare_errors(kexc, rexc, step.expect_error, rule=getattr(step, "expect_rule", None))
         note = validation_note(kexc)        # --validate-with kpool: the caller's check rejected it
         if note:
             rows[-1]["detail"] = f"{note}; {rows[-1]['detail']}"
