@@ -109,5 +109,5 @@ def merged_heads(q, weights, row_start: int, num_rows: int, launch_options):
         q.view(torch.int16), q.stride(0), q.stride(1), q.stride(2),
         weights.view(torch.int16) if w_bf16 else weights, weights.stride(0), weights.stride(1),
         split.view(torch.int16), split.stride(0), unit, qbar, qbar.stride(0), nonfinite, row_start, num_rows,
-        H=H, D=D, DP=launch_plan.next_pow2(D), W_BF16=w_bf16, **merge.constexprs, **merge.options)
+        H=H, D=D, W_BF16=w_bf16, **merge.constexprs, **merge.options)
     return split, unit, qbar, nonfinite

@@ -282,11 +282,6 @@ def _score_prefill_kernel(
                         mine[:, None] & (pools < max_pool_seq_len)[None, :])
 
 
-def _plain_options(options: dict) -> dict:
-    """A launch's backend options without its tile tuning (for the one-program helper kernel)."""
-    return {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
-
-
 def _check(q, weights, compressed_cache, block_table, score_mode, keys, num_rows, max_pool_seq_len):
     if score_mode not in SCORE_MODES:
         raise KPoolConfigError(f"score_mode must be one of {tuple(SCORE_MODES)}, got {score_mode!r}")
@@ -382,9 +377,9 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
                                          **decode.constexprs, **decode.options)
     steps = R.bit_length()
     block_ends = torch.empty(R + 2, dtype=torch.int32, device=q.device)
-    _prefill_blocks_kernel[(1,)](cum_query_lens, block_ends, R, steps, row_start, num_rows,
-                                 BLOCK_M=prefill.constexprs["BLOCK_M"], DECODE_ROWS=launch_plan.DECODE_ROWS,
-                                 BLOCK_R=128, **_plain_options(prefill.options))
+    blocks = launch_plan.prefill_blocks_plan(prefill, q.device, launch_options)
+    _prefill_blocks_kernel[(blocks.grid,)](cum_query_lens, block_ends, R, steps, row_start, num_rows,
+                                           **blocks.constexprs, **blocks.options)
     _score_prefill_kernel[(prefill.grid,)](*args, block_ends, steps, **common, **prefill.constexprs,
                                            **prefill.options)
     return result
