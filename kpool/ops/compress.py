@@ -61,6 +61,20 @@ def _window_tile(in_ptr, stride_in_t, stride_in_d, tail_ptr, plane_off, w, qs_po
 
 
 @triton.jit
+def _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d, tail_ptr,
+                 stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity,
+                 stride_tail_c, stride_tail_d, valid, dims, dmask):
+    """fp32 ``[BLOCK_J, BLOCK_D]`` logits ``s_j = gate_j + ape_j`` of window slot ``j`` (one add,
+    §5.3 step 1): the gate at window position ``w0 + j`` (:func:`_window_tile`, gate plane of the
+    ring) plus APE row ``j``. Each pass of :func:`_compress_rows` recomputes them (same bits)."""
+    g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0 + j, qs_pos,
+                     in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
+                     valid, dims, dmask)
+    a = tl.load(ape_ptr + j * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)
+    return g + a[None, :]
+
+
+@triton.jit
 def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
                    positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr, tail_block_table_ptr,
                    num_requests, search_steps, D, page_size, num_slots, ring_capacity, num_tail_blocks,
@@ -103,26 +117,21 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
         dims = d0 + tl.arange(0, BLOCK_D)
         dmask = dims < D
         # Pass 1: m = sequential max of s_j = gate_j + ape_j.
-        g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0, qs_pos,
-                         in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
-                         valid, dims, dmask)
-        a = tl.load(ape_ptr + dims * stride_ape_d, mask=dmask, other=0.0)
-        m = g + a[None, :]
+        m = _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d, tail_ptr,
+                         stride_tail_plane, w0, 0, qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity,
+                         stride_tail_c, stride_tail_d, valid, dims, dmask)
         for j in tl.static_range(1, P):
-            g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0 + j,
-                             qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                             stride_tail_d, valid, dims, dmask)
-            a = tl.load(ape_ptr + j * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)
-            m = tl.maximum(m, g + a[None, :])
+            m = tl.maximum(m, _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                           stride_ape_d, tail_ptr, stride_tail_plane, w0, j, qs_pos, in_shift,
+                                           t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
+                                           stride_tail_d, valid, dims, dmask))
         # Pass 2: Z = left-to-right sum of e_j = exp(s_j - m). s_j is recomputed (same bits,
         # from L1) instead of kept in P live tiles, to bound registers for large P.
         z = tl.zeros_like(m)
         for j in tl.static_range(P):
-            g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0 + j,
-                             qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                             stride_tail_d, valid, dims, dmask)
-            a = tl.load(ape_ptr + j * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)
-            e = exp_fp32((g + a[None, :]) - m)
+            e = exp_fp32(_slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d,
+                                      tail_ptr, stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base,
+                                      ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask) - m)
             if j == 0:
                 z = e
             else:
@@ -130,11 +139,9 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
         # Pass 3: out = sum_j div_rn(e_j, Z) * K_j, each product rounded before its add.
         out = tl.zeros_like(m)
         for j in tl.static_range(P):
-            g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0 + j,
-                             qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                             stride_tail_d, valid, dims, dmask)
-            a = tl.load(ape_ptr + j * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)
-            e = exp_fp32((g + a[None, :]) - m)
+            e = exp_fp32(_slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d,
+                                      tail_ptr, stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base,
+                                      ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask) - m)
             kv = _window_tile(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0 + j, qs_pos, in_shift, t_live,
                               ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask)
             term = tl.math.div_rn(e, z) * kv
@@ -191,18 +198,13 @@ def _compress_kernel(
             # The interpreter pays per operation, not per lane: every row of the tile in one
             # group (lane = row) is the cheapest there. Compiled backends never trace this.
             rows = t0 + tl.arange(0, BLOCK_R)
-            _compress_rows(tl.where(rows <= t1, rows, num_rows), d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr,
-                           tail_ptr, positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr,
-                           tail_block_table_ptr, num_requests, search_steps, D, page_size, num_slots,
-                           ring_capacity, num_tail_blocks, stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
-                           stride_ape_p, stride_ape_d, stride_cache_n, stride_cache_b, stride_cache_d,
-                           stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
-                           stride_positions_t, stride_raw_seq_lens_r, stride_slot_mapping_t,
-                           stride_tail_block_table_r, P, BLOCK_D)
-            groups = 0
+            group_rows = tl.where(rows <= t1, rows, num_rows)
+            groups = 1
+        else:
+            group_rows = t0 + first + lanes * P          # group g: these rows + g
         for group in range(0, groups):
-            _compress_rows(t0 + first + group + lanes * P, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
-                           positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr,
+            _compress_rows(group_rows + group, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr,
+                           tail_ptr, positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr,
                            tail_block_table_ptr, num_requests, search_steps, D, page_size, num_slots,
                            ring_capacity, num_tail_blocks, stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
                            stride_ape_p, stride_ape_d, stride_cache_n, stride_cache_b, stride_cache_d,

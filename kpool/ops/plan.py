@@ -197,6 +197,13 @@ def _make(kernel: str, tiles: int, backend: str, device, constexprs: dict, launc
     return LaunchPlan(kernel, int(tiles), grid, constexprs, options)
 
 
+def _row_block(kernel: str, name: str, num_rows: int, backend: str) -> int:
+    """The tuned row block ``TUNING[kernel][backend][name]``; on the interpreter (which pays per
+    operation, not per lane) shrunk to ``next_pow2(num_rows)``, so a small batch is one tile."""
+    block = TUNING[kernel][backend][name]
+    return max(1, min(block, next_pow2(num_rows))) if backend == "cpu" else block
+
+
 def compress_plan(num_rows: int, head_dim: int, index_kpool: int, device, launch_options=None,
               cores: Optional[int] = None) -> LaunchPlan:
     """Launch 1 of the cache update (kpool-algorithm.md §5.1-§5.3): tiles of ``BLOCK_J * P``
@@ -224,9 +231,7 @@ def ring_write_plan(num_rows: int, head_dim: int, device, launch_options=None,
               cores: Optional[int] = None) -> LaunchPlan:
     """Launch 2 of the cache update (§5.4): tiles of ``BLOCK_T`` token rows x all channels."""
     backend = backend_of(device)
-    block_t = TUNING["ring_write"][backend]["BLOCK_T"]
-    if backend == "cpu":
-        block_t = max(1, min(block_t, next_pow2(num_rows)))
+    block_t = _row_block("ring_write", "BLOCK_T", num_rows, backend)
     return _make("ring_write", cdiv(num_rows, block_t), backend, device,
                  dict(BLOCK_T=block_t, BLOCK_D=next_pow2(head_dim)), launch_options, cores)
 
@@ -299,9 +304,7 @@ def merge_heads_plan(num_rows: int, head_dim: int, device, launch_options=None,
     """Score mode (M)'s head merge (kpool-algorithm.md §4.2 (M)): tiles of ``BLOCK_ROWS`` rows,
     channels padded to ``DP``."""
     backend = backend_of(device)
-    block_rows = TUNING["merge_heads"][backend]["BLOCK_ROWS"]
-    if backend == "cpu":
-        block_rows = max(1, min(block_rows, next_pow2(num_rows)))
+    block_rows = _row_block("merge_heads", "BLOCK_ROWS", num_rows, backend)
     return _make("merge_heads", cdiv(num_rows, block_rows), backend, device,
                  dict(BLOCK_ROWS=block_rows, DP=next_pow2(head_dim)), launch_options, cores)
 

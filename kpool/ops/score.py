@@ -197,6 +197,8 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, sea
     tl.store(block_ends_ptr + num_requests + edge, int32_of(before + own))
 
 
+# The same runtime arguments as _score_decode_kernel up to nonfinite_ptr, deliberately: the
+# launcher passes one argument tuple to both kernels (a Triton kernel takes no struct).
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ["search_steps"])
 def _score_prefill_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
