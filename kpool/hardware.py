@@ -80,15 +80,10 @@ def hardware_profile(device: str) -> HardwareProfile:
 _PROFILE: Optional[HardwareProfile] = None
 
 
-def current_hardware_profile(device: str) -> HardwareProfile:
-    """The profile of ``device`` (a backend name resolved by ``kpool.platform.resolve_device``),
-    probed once per process: a process drives one device kind. The caller passes the device, so
-    this module never imports ``kpool.platform`` (which imports it: no cycle).
-
-    Raises:
-        KPoolUnsupportedError: as :func:`hardware_profile`.
-    """
+def current_hardware_profile() -> HardwareProfile:
+    """The profile of the resolved device, probed once per process."""
     global _PROFILE
     if _PROFILE is None:
-        _PROFILE = hardware_profile(device)
+        from .platform import resolve_device
+        _PROFILE = hardware_profile(resolve_device())
     return _PROFILE

@@ -109,7 +109,7 @@ def launch_options(device: str) -> dict:
         return {"num_warps": 4, "enable_fp_fusion": False}
     if device == "npu":
         from .hardware import current_hardware_profile
-        return {"multibuffer": not current_hardware_profile(device).is_a5, "enable_fp_fusion": False}
+        return {"multibuffer": not current_hardware_profile().is_a5, "enable_fp_fusion": False}
     return {}
 
 

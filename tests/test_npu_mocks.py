@@ -229,10 +229,10 @@ def test_hardware_profile_other_devices(platform_state):
 def test_current_profile_probes_once(fake_npu, platform_state):
     platform_state.setenv("KPOOL_DEVICE", "npu")
     fake_npu.soc = 251
-    profile = current_hardware_profile("npu")
+    profile = current_hardware_profile()
     assert profile == HardwareProfile("npu", "A3", 251, "Ascend910B3")
     fake_npu.soc = 260
-    assert current_hardware_profile("npu") is profile and fake_npu.soc_calls == 1
+    assert current_hardware_profile() is profile and fake_npu.soc_calls == 1
 
 
 # ------------------------------------------------------------------------ launch_options
@@ -249,7 +249,7 @@ def test_launch_options_npu_from_cached_profile(platform_state, profile, multibu
 
 @pytest.mark.parametrize("soc, multibuffer", [(220, True), (225, True), (255, True), (260, False)])
 def test_launch_options_npu_end_to_end(fake_npu, platform_state, soc, multibuffer):
-    """Nothing cached: launch_options("npu") -> current_hardware_profile("npu") -> fake SoC."""
+    """Nothing cached: launch_options -> current_hardware_profile -> resolve_device -> fake SoC."""
     platform_state.setenv("KPOOL_DEVICE", "npu")
     fake_npu.soc = soc
     assert launch_options("npu") == {"multibuffer": multibuffer, "enable_fp_fusion": False}
