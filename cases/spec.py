@@ -89,18 +89,6 @@ class CacheGeometry:
     ring_block_padding: int = 0
     guard: int = 64
 
-    def allocate(self, config: KPoolConfig, device="cpu"):
-        """Both caches in this layout (:func:`kpool.cache.allocate_caches`, zero-filled):
-        returns a :class:`kpool.cache.KPoolCaches`; raises ``KPoolShapeError`` on bad sizes.
-
-        Compatibility for ``parity/bench.py`` only (the kernel branch's file): the harness
-        allocates with :func:`parity.sentinel.case_caches`; remove after that branch is merged
-        (``cases`` must not import :mod:`kpool.cache`, tests/test_layout.py)."""
-        from kpool.cache import allocate_caches
-        return allocate_caches(config, num_pages=self.num_pages, page_size=self.page_size,
-                               num_tail_blocks=self.num_tail_blocks, page_padding=self.page_padding,
-                               ring_block_padding=self.ring_block_padding, guard=self.guard, device=device)
-
 
 @dataclass(frozen=True)
 class Case:

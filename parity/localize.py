@@ -27,12 +27,23 @@ def kernel_package(fn) -> Optional[str]:
     return pkg if f"{pkg}.ops.compress" in sys.modules and f"{pkg}.ops.indexer" in sys.modules else None
 
 
-def localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.device) -> None:
+def localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.device, *,
+             max_score_rows: Optional[int] = None) -> None:
     """Add the writer of each kernel-side finding's first element, in place (parity-contract.md
     §6): for compressed-cache and ring elements the token row that writes them this step (its
-    position, request, pool id) and, when the production kernels ran, the program of the
-    cache-update launch; for index elements the program of the expansion launch (and, in the
-    detail, the score launch chunk and program of the pool)."""
+    position, request, pool id) and, when the production kernels ran, the kernel
+    (``compress`` / ``ring_write``) and program of the cache-update launch; for index elements the
+    program of the expansion launch and, in the detail, the score kernel, chunk and program that
+    scored the element's pool.
+
+    Args:
+        rows: finding dicts (:func:`parity.compare.finding`), updated in place.
+        case, meta: the case and the step's metadata (``kpool.metadata.Metadata``, host or device).
+        kbuf: the kernel side's caller output buffer (or ``None``).
+        kernel_forward: the forward that ran (programs are named only for a ``kpool`` copy).
+        dev: the kernels' torch device.
+        max_score_rows: the step's ``max_score_rows`` when the forward got one (chunked scoring).
+    """
     cfg, B = case.config, case.geometry.page_size
     P, C, D = cfg.index_kpool, cfg.ring_capacity, cfg.index_head_dim
     pos = meta.positions.detach().cpu().tolist()
@@ -43,7 +54,6 @@ def localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.devi
     t_live = min(cum[-1], T) if cum else 0
     pkg = kernel_package(kernel_forward)
     backend = backend_of(dev)
-    cap = None
 
     def program(fn, *args, **kw):
         if pkg is None:
@@ -72,17 +82,12 @@ def localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.devi
 
     def cache_writer(r, t, kernel_name):
         # Token row t wrote this cache element: locate it, and name the program of the
-        # cache-update launch (compress and ring write share the row tiling) that ran it.
-        nonlocal cap
+        # cache-update launch (launch 1 "compress" or launch 2 "ring_write") that ran it.
         r.setdefault("row", t)
         r.setdefault("position", pos[t])
         r.setdefault("request", bisect.bisect_right(cum, t))
-        if pkg is None:
-            return
-        if cap is None:
-            cap = program(programs.grid_cap, backend, dev)
-        pid = program(programs.cache_update_program, t, num_live=t_live, head_dim=D,
-                      backend=backend, cap=cap) if cap else None
+        pid = program(programs.cache_update_program, t, num_rows=T, head_dim=D, index_kpool=P,
+                      kernel=kernel_name, backend=backend, device=dev, channel=int(r.get("channel") or 0))
         if pid is not None:
             r["kernel"], r["program_id"] = kernel_name, pid
 
@@ -116,8 +121,10 @@ def localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.devi
             if pid is not None:
                 r["kernel"], r["program_id"] = "expand", pid
             if r.get("pool_id") is not None and r["row"] < t_live and meta.max_pool_seq_len > 0:
-                sp = program(programs.score_program, r["row"], r["pool_id"], num_live=t_live,
-                             max_pool_seq_len=meta.max_pool_seq_len, num_heads=cfg.index_n_heads,
-                             score_mode=cfg.score_mode, backend=backend, device=dev)
-                if sp is not None:
-                    note(r, f"pool scored by _score_kernel launch {sp[0]} program {sp[1]}")
+                sp = program(programs.score_program, r["row"], r["pool_id"], cum_query_lens=cum, num_rows=T,
+                             max_pool_seq_len=meta.max_pool_seq_len, num_heads=cfg.index_n_heads, head_dim=D,
+                             score_mode=cfg.score_mode, backend=backend, device=dev,
+                             max_score_rows=max_score_rows)
+                name = program(programs.score_kernel, r["row"], cum)
+                if sp is not None and name is not None:
+                    note(r, f"pool {r['pool_id']} scored by {name} in score chunk {sp[0]}, program {sp[1]}")

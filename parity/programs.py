@@ -41,39 +41,25 @@ def _on(backend: str, device):
     return dev if (dev.type if dev.type in ("cuda", "npu") else "cpu") == backend else backend
 
 
-def grid_cap(backend: str, device=None, *, package: str = "kpool") -> Optional[int]:
-    """Programs a cache-update launch may use at most (its grid is ``min(work, cap)``): the grid of
-    an unbounded compression launch, from ``<package>.ops.plan``. ``None`` when the package has
-    no plan module (then no program id is reported).
-
-    Args:
-        backend: ``"cpu"``, ``"cuda"`` or ``"npu"``; device: a torch device of that backend.
-        package: ``"kpool"`` or a planted-fault copy of it (:mod:`parity.mutants`).
-    """
-    try:
-        plan = _plan(package)
-    except ImportError:
-        return None
-    return int(plan.compress_plan(2 ** 40, 16, 1, _on(backend, device)).grid)
-
-
-def cache_update_program(row: int, *, num_rows: Optional[int] = None, head_dim: int, backend: str,
-                         cap: Optional[int] = None, index_kpool: int = 4, kernel: str = "compress",
-                         package: str = "kpool", device=None, num_live: Optional[int] = None,
-                         channel: int = 0) -> int:
+def cache_update_program(row: int, *, num_rows: int, head_dim: int, index_kpool: int, backend: str,
+                         kernel: str = "compress", package: str = "kpool", device=None, channel: int = 0) -> int:
     """Program of the compression (``kernel="compress"``) or ring-write (``"ring_write"``) launch
     that handles token ``row``.
 
     Args:
-        num_rows: ``T``, the rows the launch covers (its grid depends on ``T``, never on
-            ``T_live``). ``num_live`` is the older name, accepted when ``num_rows`` is not given
-            (equal outside FULL mode).
-        head_dim, index_kpool: ``D`` and ``P`` of the launch.
+        num_rows: ``T``, the rows the launch covers (its grid depends on ``T``, never on ``T_live``).
+        head_dim, index_kpool: ``D`` and ``P`` of the launch (``P`` sizes the compression tiles).
+        backend: ``"cpu"``, ``"cuda"`` or ``"npu"``; device: a torch device of that backend.
+        kernel: ``"compress"`` (launch 1) or ``"ring_write"`` (launch 2).
+        package: ``"kpool"`` or a planted-fault copy of it (:mod:`parity.mutants`).
         channel: the element's channel (compression tiles split the channels in ``D_SPLIT`` chunks).
-        cap: unused (the plan knows its grid); kept for callers that pass :func:`grid_cap`.
+    Raises:
+        ValueError: an unknown ``kernel``. ImportError: the package has no ``ops.plan``.
     """
+    if kernel not in ("compress", "ring_write"):
+        raise ValueError(f"kernel must be 'compress' or 'ring_write', got {kernel!r}")
     plan = _plan(package)
-    rows = num_rows if num_rows is not None else num_live
+    rows = int(num_rows)
     on = _on(backend, device)
     if kernel == "ring_write":
         launch = plan.ring_write_plan(rows, head_dim, on)
@@ -97,22 +83,23 @@ def expand_program(row: int, column: int, *, num_rows: int, width: int, backend:
     return launch.program_of_tile((int(row) // br) * n_col_blocks + int(column) // bc)
 
 
-def score_program(row: int, pool: int, *, num_live: int, max_pool_seq_len: int, num_heads: int,
-                  score_mode: str, backend: str, max_score_rows: Optional[int] = None,
-                  package: str = "kpool", device=None, cum_query_lens: Optional[Sequence[int]] = None,
-                  num_rows: Optional[int] = None, head_dim: int = 16):
+def score_program(row: int, pool: int, *, cum_query_lens: Sequence[int], num_rows: int, max_pool_seq_len: int,
+                  num_heads: int, head_dim: int, score_mode: str, backend: str,
+                  max_score_rows: Optional[int] = None, package: str = "kpool", device=None):
     """``(chunk, program)`` of the score launch that scores pool ``pool`` of live row ``row``:
-    ``chunk`` is the index of the score chunk (``kpool.indexer.forward``), ``program`` the program
-    id within the decode or prefill kernel of that chunk (:func:`score_kernel`).
+    ``chunk`` is the index of the score chunk (``kpool.indexer.forward`` splits the ``T`` rows
+    into chunks of the key scratch), ``program`` the program id within the decode or prefill
+    kernel of that chunk (which of the two: :func:`score_kernel`).
 
     Args:
-        cum_query_lens: the step's exclusive query ends (default: one request of ``num_live`` rows).
-        num_rows: ``T`` (default ``num_live``); head_dim: ``D`` (tiles do not depend on it).
+        cum_query_lens: the step's exclusive query ends (``R`` ints, no leading zero).
+        num_rows: ``T``; head_dim: ``D``; num_heads: ``H`` (the merged mode scores 3 split heads).
+        max_score_rows: the forward's ``max_score_rows`` (chunked scoring), if it was given.
     """
     orchestration = __import__(f"{package}.indexer", fromlist=["SCORE_SCRATCH_BYTES"])
     plan = _plan(package)
-    cum = list(cum_query_lens) if cum_query_lens is not None else [int(num_live)]
-    T = int(num_rows if num_rows is not None else num_live)
+    cum = [int(c) for c in cum_query_lens]
+    T = int(num_rows)
     per_chunk = plan.score_scratch_rows(max_pool_seq_len, orchestration.SCORE_SCRATCH_BYTES, max_score_rows)
     chunk = int(row) // per_chunk
     row_start, n = chunk * per_chunk, min(per_chunk, T - chunk * per_chunk)

@@ -208,15 +208,19 @@ class _StepResult:
                            reference_buffer=host(self.rbuf.backing) if self.rbuf is not None else None)
 
 
+def _score_rows(step, fn: Optional[Callable]) -> Optional[int]:
+    """The step's ``max_score_rows`` when it sets one and the forward ``fn`` accepts it, else None."""
+    rows = getattr(step, "max_score_rows", None)
+    return int(rows) if fn is not None and rows is not None and accepts_keyword(fn, "max_score_rows") else None
+
+
 def _side_kwargs(case, step, built, caches, buf, dev, fn: Optional[Callable] = None) -> dict:
     """One side's forward keyword arguments (:meth:`cases.steps.StepInputs.forward_kwargs`, every
     tensor copied: the sides share no tensor). ``fn`` is the kernel forward: it also gets the
     step's ``max_score_rows`` (chunked scoring, :attr:`cases.spec.Step.max_score_rows`) when set
     and accepted; the reference has no score scratch."""
-    extra = {}
-    rows = getattr(step, "max_score_rows", None)
-    if fn is not None and rows is not None and accepts_keyword(fn, "max_score_rows"):
-        extra["max_score_rows"] = int(rows)
+    rows = _score_rows(step, fn)
+    extra = {} if rows is None else {"max_score_rows": rows}
     return built.forward_kwargs(case, step, caches, device=dev, copy=True,
                                 output_buffer=buf.view if buf is not None else None, **extra)
 
@@ -325,7 +329,8 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
                                     "inputs are read-only (the metadata is shared by every layer)")
                  for name, n in changed.items()]
     rows += det_rows
-    localize(rows, case, meta, kbuf, run.kernel_forward, kernel.dev)
+    localize(rows, case, meta, kbuf, run.kernel_forward, kernel.dev,
+             max_score_rows=_score_rows(step, run.kernel_forward))
 
     if run.oracle is not None and step.expect_error is None and rexc is None:
         t0 = time.perf_counter()

@@ -4,7 +4,6 @@ chosen tiles (graph replay included). ``$OUT/device_final.json`` + log.
 Run from the repository root: ``PYTHONPATH=$PWD python3 scripts/device_final.py``."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -13,11 +12,6 @@ import device_kernels as dk  # noqa: E402
 import device_profile as dp  # noqa: E402
 
 dk.RESULTS["script"] = "device_final"
-
-
-def _save():
-    with open(os.path.join(dk.OUT, "device_final.json"), "w") as f:
-        json.dump(dk.RESULTS, f, indent=1, default=str)
 
 
 def check():
@@ -72,7 +66,7 @@ def sweep():
         del case
     dk.RESULTS["final_sweep"] = rows
     dk.RESULTS["chosen"] = {k: plan.TUNING[k][key] for k in ("score_decode", "score_prefill", "compress")}
-    _save()
+    dk.save()
 
 
 if __name__ == "__main__":
@@ -81,4 +75,4 @@ if __name__ == "__main__":
     dk.section("sweep", sweep, need_s=50)
     dk.section("table", dp.table, need_s=40)
     dk.say("done", dk.RESULTS["sections"])
-    _save()
+    dk.save()

@@ -37,7 +37,8 @@ def say(*parts) -> None:
 
 
 def save() -> None:
-    with open(os.path.join(OUT, "device_kernels.json"), "w") as f:
+    """``$OUT/<RESULTS["script"]>.json`` (default ``device_kernels.json``): the results so far."""
+    with open(os.path.join(OUT, f"{RESULTS.get('script', 'device_kernels')}.json"), "w") as f:
         json.dump(RESULTS, f, indent=1, default=str)
 
 

@@ -13,12 +13,6 @@ import device_kernels as dk  # noqa: E402  (logging, time budget, sections)
 dk.RESULTS["script"] = "device_profile"
 
 
-def _save():
-    import json
-    with open(os.path.join(dk.OUT, "device_profile.json"), "w") as f:
-        json.dump(dk.RESULTS, f, indent=1, default=str)
-
-
 def profile():
     import torch
     from torch.profiler import ProfilerActivity, profile as prof
@@ -62,7 +56,7 @@ def profile():
         del case
     dk.RESULTS["compress_variants"] = rows
     dk.RESULTS["compress_chosen"] = plan.TUNING["compress"][key]
-    _save()
+    dk.save()
     # 2. per-kernel device time of one forward, the graph replay, the score kernels alone
     per_kernel = {}
     for shape in ("decode", "mtp3-verify", "decode-batch-1", "prefill", "mixed", "compress"):
@@ -89,7 +83,7 @@ def profile():
             dk.say(shape, "graph replay ms", 1e3 * g)
         del case
         dk.RESULTS["per_kernel"] = per_kernel
-        _save()
+        dk.save()
 
 
 def table():
@@ -114,9 +108,9 @@ def table():
         for r in got:
             dk.say({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "description"})
         dk.RESULTS["table"] = rows
-        _save()
+        dk.save()
     dk.RESULTS["environment"] = bench.environment(dk.DEVICE, device)
-    _save()
+    dk.save()
 
 
 if __name__ == "__main__":
@@ -124,4 +118,4 @@ if __name__ == "__main__":
     dk.section("profile", profile, need_s=60)
     dk.section("table", table, need_s=40)
     dk.say("done", dk.RESULTS["sections"])
-    _save()
+    dk.save()

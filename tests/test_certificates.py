@@ -5,8 +5,8 @@ kernel with another ``exp`` or accumulation order would produce: a bf16 element 
 adjacent value where the exact pooled value sits on the rounding midpoint, index rows with two
 near-tied pools swapped. Each certificate is shown to pass exactly those and to fail a 2-ulp
 difference, an adjacent value far from the midpoint, a swap far from the boundary, a changed tail,
-and anything on exact data. Localisation is checked against the real kernels with probe mutants
-that store their own ``tl.program_id`` instead of the result.
+and anything on exact data. (Program ids of the real kernels, with probe mutants that store their
+own ``tl.program_id``: ``tests/test_programs.py``.)
 
 Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_certificates.py``.
 """
@@ -18,15 +18,15 @@ import pandas as pd
 import pytest
 import torch
 
-from cases.spec import CacheGeometry, Case, Step
+from cases.spec import Case, Step
 from cases.values import make_inputs
 from kpool.config import SMALL
 from kpool.metadata import BatchSpec, RequestSpec
 from parity import certificates as certs
 from reference.numerics import expand_row
-from tests.certificate_cases import (D, K, P, W, compare_rows, geometry, run, swap_pool, swapping_kernel, tie_case,
+from tests.certificate_cases import (K, P, W, compare_rows, geometry, run, swap_pool, swapping_kernel, tie_case,
                                      tie_setup)
-from parity.compare import assert_bitwise_equal, bits
+from parity.compare import bits
 
 MID = 1.0 + 2.0 ** -8            # midpoint of bf16 1.0 (0x3F80) and 1.0078125 (0x3F81)
 
@@ -215,87 +215,3 @@ def test_repeat_runs_must_be_bitwise_identical():
     assert ok.ok and set(ok.findings.loc[ok.findings["output"] == "determinism", "verdict"]) == {"exact"}
     with pytest.raises(ValueError):
         run(_midpoint_case(), ref, repeat=0)
-
-
-# --------------------------------------------------------------------------- program ids (real kernels)
-
-PROBES = {
-    # each kernel stores its own program id instead of its result (probe, not a fault)
-    "probe-compress": ("ops/compress.py",
-                       "tl.store(cache_ptr + dst[:, None] + dims[None, :] * stride_cache_d, bf16_rne_int16(out),",
-                       "tl.store(cache_ptr + dst[:, None] + dims[None, :] * stride_cache_d, "
-                       "(tl.zeros_like(out) + tl.program_id(0)).to(tl.int16),",
-                       None),
-    "probe-ring": ("ops/compress.py",
-                   "tl.store(tail_ptr + dst[:, None] + dims[None, :] * stride_tail_d, kv, mask=mask)",
-                   "tl.store(tail_ptr + dst[:, None] + dims[None, :] * stride_tail_d, tl.zeros_like(kv) + pid, mask=mask)",
-                   None),
-    "probe-expand": ("ops/expand.py",
-                     "tl.store(out_ptr + row0.to(tl.int64) * stride_out_t + out_offs, val,",
-                     "tl.store(out_ptr + row0.to(tl.int64) * stride_out_t + out_offs, tl.zeros_like(val) + pid,",
-                     None),
-}
-
-
-def _probe_batch(torch_device):
-    """Two requests of 150 and 110 rows: 260 live rows -> two compression tiles of 256 rows on the
-    interpreter (and many ring-write and expansion tiles)."""
-    from tests.helpers import small_batch
-    return small_batch(SMALL, requests=((0, 150), (0, 110)), num_pages=40, seed=5, device=torch_device)
-
-
-def test_program_ids_match_what_the_kernels_report(device, torch_device):
-    from parity import programs
-    from parity.mutants import load_mutant
-    from kpool.platform import resolve_device
-    resolve_device(device)
-    caches, kw = _probe_batch(torch_device)
-    T = kw["positions"].shape[0]
-    pos, slots, tslots = kw["positions"].tolist(), kw["slot_mapping"].tolist(), kw["tail_slot_mapping"].tolist()
-    cap = programs.grid_cap(device, torch_device)
-    seen = set()
-    # compression: every written compressed row holds the id of the program that wrote it
-    load_mutant("probe-compress", mutation=PROBES["probe-compress"]).forward(**kw)
-    for t in range(T):
-        if slots[t] >= 0:
-            want = programs.cache_update_program(t, num_rows=T, head_dim=D, backend=device, device=torch_device)
-            got = int(bits(caches.compressed_cache.cpu())[slots[t] // 2, slots[t] % 2, 0, 0])
-            assert got == want, (t, got, want)
-            seen.add(want)
-    assert len(seen) > 1, "the probe batch should span several programs"
-    # ring write: the K plane of every written ring row
-    caches, kw = _probe_batch(torch_device)
-    load_mutant("probe-ring", mutation=PROBES["probe-ring"]).forward(**kw)
-    C = SMALL.ring_capacity
-    for t in (146, 147, 148, 149, 256, 257, 258, 259):              # the last C rows of each request
-        want = programs.cache_update_program(t, num_rows=T, head_dim=D, backend=device, kernel="ring_write",
-                                             device=torch_device)
-        assert int(bits(caches.tail_cache.cpu())[tslots[t] // C, 0, tslots[t] % C, 0]) == want
-    # expansion: every output element
-    caches, kw = _probe_batch(torch_device)
-    out = load_mutant("probe-expand", mutation=PROBES["probe-expand"]).forward(**kw)[:, 0].cpu()
-    want = torch.tensor([[programs.expand_program(t, c, num_rows=T, width=W, backend=device) for c in range(W)]
-                         for t in range(T)], dtype=torch.int32)
-    assert_bitwise_equal(out, want)
-
-
-def test_findings_name_the_writing_program(device, torch_device):
-    from parity import programs
-    from parity.mutants import load_mutant
-    from kpool.platform import resolve_device
-    resolve_device(device)
-    mutant = load_mutant("ape-reversed")
-    steps = [Step("prefill", BatchSpec([RequestSpec(0, 60, list(range(8)), 1), RequestSpec(0, 40, list(range(8, 13)), 2)]),
-                  request_ids=[0, 1], seed=1)]
-    geo = CacheGeometry(num_pages=16, page_size=2, num_tail_blocks=4, guard=8)
-    res = run(Case("programs", "small", SMALL, geo, steps, seed=2), mutant.forward, check_oracle=False)
-    (cache,) = res.failures[res.failures["output"] == "compressed_cache"].to_dict("records")
-    assert cache["kernel"] == "compress" and cache["row"] == 3 and cache["pool_id"] == 0
-    assert cache["program_id"] == programs.cache_update_program(3, num_live=100, head_dim=D, backend=device,
-                                                                cap=programs.grid_cap(device, torch_device))
-    idx = res.failures[res.failures["output"] == "indices"].to_dict("records")
-    if idx:   # reversed APE changes the pooled keys; if it changes a selection, expansion is named
-        r = idx[0]
-        assert r["kernel"] == "expand"
-        assert r["program_id"] == programs.expand_program(r["row"], r["column"], num_rows=100, width=W, backend=device)
-        assert "_score_kernel" in r["detail"]

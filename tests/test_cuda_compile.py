@@ -117,7 +117,8 @@ def _combos():
                 "nonfinite_ptr": "*i32", **({"weights_ptr": "*i16"} if wbf16 else {})},
                {"num_warps": cuda["merge_heads"]["cuda"]["num_warps"]})
     yield ("prefill_blocks", score._prefill_blocks_kernel,
-           {"BLOCK_M": cuda["score_prefill"]["cuda"]["BLOCK_M"], "DECODE_ROWS": plan.DECODE_ROWS, "BLOCK_R": 128},
+           {"BLOCK_M": cuda["score_prefill"]["cuda"]["BLOCK_M"], "DECODE_ROWS": plan.DECODE_ROWS,
+            "BLOCK_R": cuda["prefill_blocks"]["cuda"]["BLOCK_R"]},
            {}, {"num_warps": 4})
     for P, pack in [(4, True), (1, False)]:
         ex = cuda["expand"]["cuda"]

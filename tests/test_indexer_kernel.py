@@ -574,7 +574,7 @@ def test_helper_kernels_write_only_their_buffers():
     merged._merge_heads_kernel[(p.grid,)](
         q.view(torch.int16), q.stride(0), q.stride(1), q.stride(2), w.view(torch.int16), w.stride(0), w.stride(1),
         bufs["split"][1], 3 * D, bufs["unit"][1], bufs["qbar"][1], D, bufs["nonfinite"][1], 0, T,
-        H=H, D=D, DP=D, W_BF16=True, **p.constexprs, **p.options)
+        H=H, D=D, W_BF16=True, **p.constexprs, **p.options)
     for name, (big, view) in bufs.items():
         assert _guards_intact(big, view.numel(), 7), name
     want = (w.float().cpu()[:, :, None] * q.float().cpu()).sum(1)          # exact data: any order

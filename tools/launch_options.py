@@ -1,12 +1,12 @@
 """Check the one place NPU-only launch options may live: ``kpool/platform.py``'s
 ``launch_options`` (platform-numerics.md §1.4, §6.2). A development (lint) tool beside
-:mod:`tools.portability`, run by ``tests/test_portable_subset.py``."""
+:mod:`tools.portability` (vocabulary: :mod:`tools.portable_rules`), run by ``tests/test_portable_subset.py``."""
 from __future__ import annotations
 
 import ast
 from typing import List, Set, Tuple
 
-from tools.portability import NPU_ONLY_OPTIONS, Violation, _parse
+from tools.portable_rules import NPU_ONLY_OPTIONS, Violation, parse_source
 
 __all__ = ["check_launch_options"]
 
@@ -60,7 +60,7 @@ def check_launch_options(source: str, filename: str = "kpool/platform.py") -> Li
     Returns:
         ``"launch-options"`` violations (empty when all holds), or one ``"syntax"`` violation.
     """
-    tree, errors = _parse(source, filename)
+    tree, errors = parse_source(source, filename)
     if tree is None:
         return errors
     out: List[Violation] = []

@@ -26,110 +26,27 @@ from __future__ import annotations
 
 import ast
 import io
-import re
+import sys
 import tokenize
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
+if __package__ in (None, ""):       # python tools/portability.py: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tools.portable_rules import (BAD_PRECISION, DOT_SWITCH, JIT_DECORATORS, NON_RN_DIVISION, NPU_ONLY_OPTIONS,
+                                  PRAGMA, ROUND_HELPER, RULES, SORT, TENSOR_REDUCTIONS, TRANSCENDENTAL, Violation,
+                                  dotted, import_aliases, parse_source, tl_short)
+
 __all__ = ["Violation", "RULES", "NPU_ONLY_OPTIONS", "check_portable_subset", "sum_calls", "suppressions",
            "check_tree"]
-
-RULES = ("extra-libdevice", "sort-topk", "tf32", "dot-precision", "dot-accumulator", "dot-interpreter",
-         "inline-asm", "npu-option", "reduction", "bf16-rounding", "transcendental", "float-division")
-
-# NPUOptions fields of triton-ascend 3.2.x (platform-numerics.md §1.4) that upstream Triton
-# rejects as launch kwargs, plus the Ascend-only op kwargs of §6.1. num_warps, num_stages and
-# enable_fp_fusion are shared with CUDA and therefore not listed.
-NPU_ONLY_OPTIONS = frozenset({
-    "multibuffer", "enable_ubuf_saving", "enable_auto_bind_sub_block", "enable_hivm_auto_cv_balance",
-    "sync_solver", "unit_flag", "inject_barrier_all", "inject_block_all",
-    "limit_auto_multi_buffer_only_for_local_buffer", "limit_auto_multi_buffer_of_local_buffer",
-    "set_workspace_multibuffer", "tile_mix_vector_loop", "tile_mix_cube_loop",
-    "disable_auto_inject_block_sync", "enable_linearize", "enable_nd2nz_on_vector", "compile_mode",
-    "force_simt_only", "allowed_dot_input_precisions", "care_padding", "propagate_nan",
-})
-
-_SORT = frozenset({"sort", "topk"})
-_TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log2", "sqrt", "sqrt_rn", "rsqrt", "sigmoid",
-                             "softmax", "sin", "cos", "erf", "fma"})
-_NON_RN_DIVISION = frozenset({"fdiv", "div_rz", "div_rd", "div_ru"})
-_BAD_PRECISION = frozenset({"tf32", "tf32x3", "hf32", "bf16x3", "bf16x6"})
-_TENSOR_REDUCTIONS = frozenset({"sum", "max", "min"})
-_JIT_DECORATORS = frozenset({"triton.jit", "triton.runtime.jit", "triton.runtime.jit.jit"})
-# Sub-namespaces of triton.language that re-export the same functions (tl.math.exp is tl.exp).
-_TL_SUBMODULES = ("math.", "standard.", "core.")
-_ROUND_HELPER = "round_to_bf16_bits"
-_DOT_SWITCH = "DOT_F32"
-_PRAGMA = re.compile(r"#\s*portable-ok:\s*([\w-]+(?:\s*,\s*[\w-]+)*)")
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One construct outside the portable subset.
-
-    Attributes:
-        rule: one of :data:`RULES` (or ``"launch-options"``/``"syntax"``).
-        filename: the file the source came from (as passed in).
-        line, col: 1-based line and 0-based column of the offending node.
-        message: what was found and why it is not portable / not bit-exact.
-    """
-
-    rule: str
-    filename: str
-    line: int
-    col: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.filename}:{self.line}:{self.col}: [{self.rule}] {self.message}"
-
-
-def _import_aliases(tree: ast.AST) -> Dict[str, str]:
-    """Local name -> fully dotted module/object path, from every import in the file."""
-    aliases = {"tl": "triton.language", "triton": "triton"}  # defaults for import-less snippets
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.asname:
-                    aliases[a.asname] = a.name
-                else:
-                    head = a.name.split(".")[0]
-                    aliases[head] = head
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-    return aliases
-
-
-def _dotted(node: ast.AST) -> Optional[List[str]]:
-    """``a.b.c`` -> ``["a", "b", "c"]``; None for anything that is not a plain name chain."""
-    parts: List[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return parts[::-1]
-    return None
-
-
-def _tl_short(full: str) -> Optional[str]:
-    """``"triton.language.math.exp"`` -> ``"exp"``; None outside ``triton.language``."""
-    if not full.startswith("triton.language."):
-        return None
-    rest = full[len("triton.language."):]
-    for sub in _TL_SUBMODULES:
-        if rest.startswith(sub):
-            return rest[len(sub):]
-    return rest
 
 
 class _Checker(ast.NodeVisitor):
     def __init__(self, tree: ast.AST, filename: str, rules: Set[str]):
         self.filename = filename
         self.rules = rules
-        self.aliases = _import_aliases(tree)
+        self.aliases = import_aliases(tree)
         self.out: List[Violation] = []
         self.jit_depth = 0
         self.func_stack: List[ast.AST] = []
@@ -144,7 +61,7 @@ class _Checker(ast.NodeVisitor):
 
     def resolve(self, node: ast.AST) -> Optional[str]:
         """Fully dotted name of a name chain, first component resolved through the imports."""
-        parts = _dotted(node)
+        parts = dotted(node)
         if parts is None:
             return None
         head = self.aliases.get(parts[0], parts[0])
@@ -153,12 +70,12 @@ class _Checker(ast.NodeVisitor):
     def tl_name(self, node: ast.AST) -> Optional[str]:
         """``"sum"`` for ``tl.sum``/``triton.language.math.sum``/an imported ``sum``; else None."""
         full = self.resolve(node)
-        return None if full is None else _tl_short(full)
+        return None if full is None else tl_short(full)
 
     def is_jit(self, fn: ast.AST) -> bool:
         for dec in getattr(fn, "decorator_list", ()):
             target = dec.func if isinstance(dec, ast.Call) else dec
-            if self.resolve(target) in _JIT_DECORATORS:
+            if self.resolve(target) in JIT_DECORATORS:
                 return True
         return False
 
@@ -199,7 +116,7 @@ class _Checker(ast.NodeVisitor):
 
     # ---- names -------------------------------------------------------------------------
     def visit_Attribute(self, node):
-        parts = _dotted(node)
+        parts = dotted(node)
         if parts is None:  # chain rooted at a call/subscript, e.g. tl.load(p).to(...)
             self.check_part(node, node.attr)
             self.visit(node.value)
@@ -220,7 +137,7 @@ class _Checker(ast.NodeVisitor):
             self.report("inline-asm", node, f"{part!r}: inline assembly is not portable")
 
     def check_name(self, node: ast.AST) -> None:
-        parts = _dotted(node)
+        parts = dotted(node)
         if parts is not None:
             self.check_full(node, self.resolve(node) or "", ".".join(parts), parts)
 
@@ -229,15 +146,15 @@ class _Checker(ast.NodeVisitor):
         if "libdevice" in parts or "libdevice" in full.split(".") or full.startswith("triton.language.extra"):
             self.report("extra-libdevice", node, f"{shown}: libdevice / tl.extra is not portable")
             return
-        name = _tl_short(full)
+        name = tl_short(full)
         if name is None:
             return
-        if name in _SORT:
+        if name in SORT:
             self.report("sort-topk", node, f"tl.{name}: not proven on triton-ascend 3.2 (do top-k in torch)")
-        elif name in _TRANSCENDENTAL:
+        elif name in TRANSCENDENTAL:
             self.report("transcendental", node, f"tl.{name}: libm/fused result differs per backend; "
                         "use the software exp_fp32 / explicit mul+add")
-        elif name in _NON_RN_DIVISION:
+        elif name in NON_RN_DIVISION:
             self.report("float-division", node, f"tl.{name}: not round-to-nearest; use tl.math.div_rn")
         elif name in ("max", "min"):
             self.report("reduction", node, f"tl.{name}: tree reduction outside the portable subset (§6.1); use an "
@@ -259,7 +176,7 @@ class _Checker(ast.NodeVisitor):
             if kw.arg == "allow_tf32":
                 self.report("tf32", kw.value, "allow_tf32= is rejected on Ascend and not bit-exact")
             if (kw.arg == "input_precision" and isinstance(kw.value, ast.Constant)
-                    and str(kw.value.value).lower() in _BAD_PRECISION):
+                    and str(kw.value.value).lower() in BAD_PRECISION):
                 self.report("tf32", kw.value, f"input_precision={kw.value.value!r} is not IEEE fp32")
         name = self.tl_name(node.func)
         if name == "dot":
@@ -291,8 +208,8 @@ class _Checker(ast.NodeVisitor):
             self.report("dot-accumulator", node, "tl.dot max_num_imprecise_acc: accumulation must stay full fp32")
         fn = self.func_stack[-1] if self.func_stack else None
         params = [a.arg for a in fn.args.args + fn.args.kwonlyargs] if fn is not None else []
-        if _DOT_SWITCH not in params:
-            self.report("dot-interpreter", node, f"tl.dot in a function without a {_DOT_SWITCH} parameter: the "
+        if DOT_SWITCH not in params:
+            self.report("dot-interpreter", node, f"tl.dot in a function without a {DOT_SWITCH} parameter: the "
                         "interpreter needs fp32 (ieee) operands, compiled backends bf16 ones")
         prec = self.keyword(node, "input_precision")
         if len(node.args) > 3:
@@ -316,11 +233,11 @@ class _Checker(ast.NodeVisitor):
             self.check_bf16(node, dtype)
         if not self.jit_depth:
             return  # host code: x.sum() / x.exp() there are torch, not Triton
-        if attr in _SORT:
+        if attr in SORT:
             self.report("sort-topk", node, f".{attr}(): tensor sort/top-k not proven on triton-ascend 3.2")
-        elif attr in _TENSOR_REDUCTIONS:
+        elif attr in TENSOR_REDUCTIONS:
             self.report("reduction", node, f".{attr}(): tensor reduction in jit code (order is backend-specific)")
-        elif attr in _TRANSCENDENTAL:
+        elif attr in TRANSCENDENTAL:
             self.report("transcendental", node, f".{attr}(): libm result differs per backend")
 
     def check_bf16(self, node: ast.Call, dtype: Optional[ast.AST]) -> None:
@@ -332,8 +249,8 @@ class _Checker(ast.NodeVisitor):
         scope = self.func_stack[-1] if self.func_stack else (self.stmt_stack[-1] if self.stmt_stack else node)
         for sub in ast.walk(scope):
             if isinstance(sub, ast.Call):
-                parts = _dotted(sub.func)
-                if parts and parts[-1] == _ROUND_HELPER:
+                parts = dotted(sub.func)
+                if parts and parts[-1] == ROUND_HELPER:
                     return
         self.report("bf16-rounding", node, "conversion to tl.bfloat16 without round_to_bf16_bits in the same "
                     "statement/function (the interpreter truncates instead of rounding to nearest even)")
@@ -349,14 +266,6 @@ class _Checker(ast.NodeVisitor):
         if isinstance(node.op, ast.Div) and self.jit_depth:
             self.report("float-division", node, "'/=' inside a @triton.jit function; use tl.math.div_rn")
         self.generic_visit(node)
-
-
-def _parse(source: str, filename: str) -> Tuple[Optional[ast.AST], List[Violation]]:
-    try:
-        return ast.parse(source, filename=filename), []
-    except SyntaxError as err:
-        return None, [Violation("syntax", filename, err.lineno or 0, err.offset or 0, f"cannot parse: {err.msg}")]
-
 
 def check_portable_subset(source: str, filename: str = "<string>",
                           rules: Optional[Iterable[str]] = None) -> List[Violation]:
@@ -376,7 +285,7 @@ def check_portable_subset(source: str, filename: str = "<string>",
     unknown = selected - set(RULES)
     if unknown:
         raise ValueError(f"unknown rules {sorted(unknown)}; known: {RULES}")
-    tree, errors = _parse(source, filename)
+    tree, errors = parse_source(source, filename)
     if tree is None:
         return errors
     checker = _Checker(tree, filename, selected)
@@ -395,7 +304,7 @@ def suppressions(source: str) -> Dict[int, Set[str]]:
     out: Dict[int, Set[str]] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
-            match = _PRAGMA.search(tok.string)
+            match = PRAGMA.search(tok.string)
             if match:
                 out.setdefault(tok.start[0], set()).update(r.strip() for r in match.group(1).split(","))
     return out
@@ -426,9 +335,6 @@ def check_tree(root: Path, package: str = "kpool/ops") -> List[Violation]:
 
 
 if __name__ == "__main__":  # python tools/portability.py [ROOT]: print violations, exit 1 if any
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tools.launch_options import check_launch_options
 
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".")

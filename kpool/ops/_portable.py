@@ -231,22 +231,16 @@ def load_bf16_operand(ptrs, mask, DOT_F32: tl.constexpr):
 
     ``ptrs``: int16 pointers (bf16 bits) when ``DOT_F32``, else bf16 pointers (the launchers
     pass bf16 tensors to compiled backends, so tensor-core operands go from memory to shared
-    memory without a register detour)."""
-    if mask is None:            # a full tile: no mask to keep live
-        if DOT_F32:
-            return bf16_bits_to_f32(tl.load(ptrs))
-        else:
-            return tl.load(ptrs)
-    elif DOT_F32:
-        return bf16_bits_to_f32(tl.load(ptrs, mask=mask, other=0))
-    else:
-        return tl.load(ptrs, mask=mask, other=0.0)
+    memory without a register detour). The same loads as :func:`load_f32` (bits widened, or
+    the stored values as they are)."""
+    return load_f32(ptrs, mask, DOT_F32)
 
 
 @triton.jit
 def load_f32(ptrs, mask, IS_BF16: tl.constexpr):
-    """Load fp32, or bf16 through an int16 view, and return fp32 (masked lanes 0.0; ``mask``
-    None: a full load)."""
+    """With ``IS_BF16``: bf16 bits through an int16 view, widened exactly to fp32; else the
+    stored values as they are (fp32 weights; bf16 operands of :func:`load_bf16_operand`).
+    Masked lanes are zeros; ``mask`` None: a full load, no mask to keep live."""
     if mask is None:
         if IS_BF16:
             return bf16_bits_to_f32(tl.load(ptrs))

@@ -61,21 +61,35 @@ def _window_tile(in_ptr, stride_in_t, stride_in_d, tail_ptr, plane_off, w, qs_po
 
 
 @triton.jit
+def _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d, tail_ptr,
+                 stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity,
+                 stride_tail_c, stride_tail_d, valid, dims, dmask):
+    """fp32 ``[BLOCK_J, BLOCK_D]`` logits ``s_j = gate_j + ape_j`` of window slot ``j`` (one add,
+    §5.3 step 1): the gate at window position ``w0 + j`` (:func:`_window_tile`, gate plane of the
+    ring) plus APE row ``j``. Each pass of :func:`_compress_rows` recomputes them (same bits)."""
+    g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0 + j, qs_pos,
+                     in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
+                     valid, dims, dmask)
+    a = tl.load(ape_ptr + j * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)
+    return g + a[None, :]
+
+
+@triton.jit
 def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
                    positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr, tail_block_table_ptr,
                    num_requests, search_steps, D, page_size, num_slots, ring_capacity, num_tail_blocks,
                    stride_k_t, stride_k_d, stride_gate_t, stride_gate_d, stride_ape_p, stride_ape_d,
                    stride_cache_n, stride_cache_b, stride_cache_d,
                    stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
-                   stride_positions, stride_raw, stride_slot, stride_tbt,
-                   P: tl.constexpr, BLOCK_D: tl.constexpr):
+                   stride_positions_t, stride_raw_seq_lens_r, stride_slot_mapping_t,
+                   stride_tail_block_table_r, P: tl.constexpr, BLOCK_D: tl.constexpr):
     """Compress channels ``[d_first, d_end)`` of the pool completed by each of ``rows`` (int32
     ``[BLOCK_J]``) that completes one; other lanes are masked (§5.1: a live row at position ``p`` with ``(p + 1) % P == 0`` and a
     compressed slot in range)."""
     live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)
     t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
-    pos = tl.load(positions_ptr + rows * stride_positions, mask=live, other=-1)
-    slot = tl.load(slot_mapping_ptr + rows * stride_slot, mask=live, other=-1)
+    pos = tl.load(positions_ptr + rows * stride_positions_t, mask=live, other=-1)
+    slot = tl.load(slot_mapping_ptr + rows * stride_slot_mapping_t, mask=live, other=-1)
     pos_ok = (pos >= 0) & (pos < INT32_MAX_C - P)
     # Narrow to int32 before tl.where: int64 select is not in the A2/A3 subset.
     p = tl.where(pos_ok, pos.to(tl.int32), 0)
@@ -92,9 +106,9 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
     r = request_of_rows(rows, cum_query_lens_ptr, num_requests, search_steps)
     end_r = tl.load(cum_query_lens_ptr + r)
     qs_row = tl.load(cum_query_lens_ptr + r - 1, mask=r > 0, other=0)
-    raw = tl.load(raw_seq_lens_ptr + r * stride_raw)
+    raw = tl.load(raw_seq_lens_ptr + r * stride_raw_seq_lens_r)
     qs_pos = raw - (end_r - qs_row)
-    ring_blk = tl.load(tail_block_table_ptr + r * stride_tbt)
+    ring_blk = tl.load(tail_block_table_ptr + r * stride_tail_block_table_r)
     ring_ok = (ring_blk >= 0) & (ring_blk < num_tail_blocks)
     ring_base = ring_blk.to(tl.int64) * stride_tail_blk
     in_shift = qs_row - qs_pos
@@ -103,26 +117,21 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
         dims = d0 + tl.arange(0, BLOCK_D)
         dmask = dims < D
         # Pass 1: m = sequential max of s_j = gate_j + ape_j.
-        g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0, qs_pos,
-                         in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
-                         valid, dims, dmask)
-        a = tl.load(ape_ptr + dims * stride_ape_d, mask=dmask, other=0.0)
-        m = g + a[None, :]
+        m = _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d, tail_ptr,
+                         stride_tail_plane, w0, 0, qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity,
+                         stride_tail_c, stride_tail_d, valid, dims, dmask)
         for j in tl.static_range(1, P):
-            g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0 + j,
-                             qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                             stride_tail_d, valid, dims, dmask)
-            a = tl.load(ape_ptr + j * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)
-            m = tl.maximum(m, g + a[None, :])
+            m = tl.maximum(m, _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                           stride_ape_d, tail_ptr, stride_tail_plane, w0, j, qs_pos, in_shift,
+                                           t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
+                                           stride_tail_d, valid, dims, dmask))
         # Pass 2: Z = left-to-right sum of e_j = exp(s_j - m). s_j is recomputed (same bits,
         # from L1) instead of kept in P live tiles, to bound registers for large P.
         z = tl.zeros_like(m)
         for j in tl.static_range(P):
-            g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0 + j,
-                             qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                             stride_tail_d, valid, dims, dmask)
-            a = tl.load(ape_ptr + j * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)
-            e = exp_fp32((g + a[None, :]) - m)
+            e = exp_fp32(_slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d,
+                                      tail_ptr, stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base,
+                                      ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask) - m)
             if j == 0:
                 z = e
             else:
@@ -130,11 +139,9 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
         # Pass 3: out = sum_j div_rn(e_j, Z) * K_j, each product rounded before its add.
         out = tl.zeros_like(m)
         for j in tl.static_range(P):
-            g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0 + j,
-                             qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                             stride_tail_d, valid, dims, dmask)
-            a = tl.load(ape_ptr + j * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)
-            e = exp_fp32((g + a[None, :]) - m)
+            e = exp_fp32(_slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d,
+                                      tail_ptr, stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base,
+                                      ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask) - m)
             kv = _window_tile(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0 + j, qs_pos, in_shift, t_live,
                               ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask)
             term = tl.math.div_rn(e, z) * kv
@@ -149,7 +156,8 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
 @triton.jit(do_not_specialize=["num_rows", "num_requests", "search_steps", "page_size", "num_slots",
                                 "ring_capacity", "num_tail_blocks", "stride_k_t", "stride_gate_t", "stride_ape_p",
                                 "stride_cache_n", "stride_cache_b", "stride_tail_blk", "stride_tail_plane",
-                                "stride_tail_c", "stride_positions", "stride_raw", "stride_slot", "stride_tbt"],
+                                "stride_tail_c", "stride_positions_t", "stride_raw_seq_lens_r",
+                                "stride_slot_mapping_t", "stride_tail_block_table_r"],
              do_not_specialize_on_alignment=["cache_ptr", "tail_ptr"])
 def _compress_kernel(
         k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
@@ -158,7 +166,7 @@ def _compress_kernel(
         stride_k_t, stride_k_d, stride_gate_t, stride_gate_d, stride_ape_p, stride_ape_d,
         stride_cache_n, stride_cache_b, stride_cache_d,
         stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
-        stride_positions, stride_raw, stride_slot, stride_tbt,
+        stride_positions_t, stride_raw_seq_lens_r, stride_slot_mapping_t, stride_tail_block_table_r,
         P: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr, D_SPLIT: tl.constexpr,
         ROWS_AT_ONCE: tl.constexpr, BLOCK_R: tl.constexpr):
     """Launch 1 (kpool-algorithm.md §5.1-§5.3). ``cache_ptr`` is an int16 view of the bf16
@@ -183,41 +191,38 @@ def _compress_kernel(
         # completing rows are every P-th from the first one: one group of BLOCK_J lanes, each
         # lane a pool. Any other tile walks all its rows as P groups (lane = row).
         single = (r0 == r1) & (t0 >= qs0) & (t1 < qe0) & (t1 < t_live)
-        pos0 = tl.load(positions_ptr + t0 * stride_positions, mask=single, other=P - 1).to(tl.int32)
+        pos0 = tl.load(positions_ptr + t0 * stride_positions_t, mask=single, other=P - 1).to(tl.int32)
         first = (P - 1) - (pos0 % P)
         groups = tl.where(single, 1, P)
         if ROWS_AT_ONCE:
             # The interpreter pays per operation, not per lane: every row of the tile in one
             # group (lane = row) is the cheapest there. Compiled backends never trace this.
             rows = t0 + tl.arange(0, BLOCK_R)
-            _compress_rows(tl.where(rows <= t1, rows, num_rows), d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr,
+            group_rows = tl.where(rows <= t1, rows, num_rows)
+            groups = 1
+        else:
+            group_rows = t0 + first + lanes * P          # group g: these rows + g
+        for group in range(0, groups):
+            _compress_rows(group_rows + group, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr,
                            tail_ptr, positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr,
                            tail_block_table_ptr, num_requests, search_steps, D, page_size, num_slots,
                            ring_capacity, num_tail_blocks, stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
                            stride_ape_p, stride_ape_d, stride_cache_n, stride_cache_b, stride_cache_d,
                            stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
-                           stride_positions, stride_raw, stride_slot, stride_tbt, P, BLOCK_D)
-            groups = 0
-        for group in range(0, groups):
-            _compress_rows(t0 + first + group + lanes * P, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
-                           positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr,
-                           tail_block_table_ptr, num_requests, search_steps, D, page_size, num_slots,
-                           ring_capacity, num_tail_blocks, stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
-                           stride_ape_p, stride_ape_d, stride_cache_n, stride_cache_b, stride_cache_d,
-                           stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
-                           stride_positions, stride_raw, stride_slot, stride_tbt, P, BLOCK_D)
+                           stride_positions_t, stride_raw_seq_lens_r, stride_slot_mapping_t,
+                           stride_tail_block_table_r, P, BLOCK_D)
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_requests", "search_steps", "ring_capacity", "num_tail_slots",
                                 "stride_k_t", "stride_gate_t", "stride_tail_blk", "stride_tail_plane",
-                                "stride_tail_c", "stride_positions", "stride_tail_slot"],
+                                "stride_tail_c", "stride_positions_t", "stride_tail_slot_mapping_t"],
              do_not_specialize_on_alignment=["tail_ptr"])
 def _ring_write_kernel(
         k_ptr, gate_ptr, tail_ptr, positions_ptr, cum_query_lens_ptr, tail_slot_mapping_ptr,
         num_rows, num_requests, search_steps, D, ring_capacity, num_tail_slots,
         stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
-        stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d, stride_positions, stride_tail_slot,
-        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+        stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
+        stride_positions_t, stride_tail_slot_mapping_t, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Launch 2 (kpool-algorithm.md §5.4). ``k_ptr``, ``gate_ptr``, ``tail_ptr`` are int32
     views of the fp32 tensors: the copy moves bit patterns (NaN payloads included)."""
     pid = tl.program_id(0)
@@ -231,8 +236,8 @@ def _ring_write_kernel(
         r = request_of_rows(rows, cum_query_lens_ptr, num_requests, search_steps)
         end_r = tl.load(cum_query_lens_ptr + r)
         near_end = is_live & (rows >= end_r - ring_capacity)     # only these rows read their metadata
-        pos = tl.load(positions_ptr + rows * stride_positions, mask=near_end, other=-1)
-        tslot = tl.load(tail_slot_mapping_ptr + rows * stride_tail_slot, mask=near_end, other=-1)
+        pos = tl.load(positions_ptr + rows * stride_positions_t, mask=near_end, other=-1)
+        tslot = tl.load(tail_slot_mapping_ptr + rows * stride_tail_slot_mapping_t, mask=near_end, other=-1)
         valid = is_live & (rows >= end_r - ring_capacity) & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)
         ts32 = tl.where(valid, tslot.to(tl.int32), 0)
         blk = ts32 // ring_capacity

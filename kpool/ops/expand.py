@@ -22,11 +22,11 @@ from ._portable import KEY_LOWEST_C
 
 
 @triton.jit(do_not_specialize=["num_rows", "width", "num_requests", "selected", "index_topk", "out_width",
-                                "stride_out_t", "stride_top_t", "stride_top_k"],
+                                "stride_out_t", "stride_top_keys_t", "stride_top_keys_k"],
              do_not_specialize_on_alignment=["out_ptr"])
 def _expand_kernel(
     out_ptr, stride_out_t, num_rows, width,
-    positions_ptr, cum_query_lens_ptr, num_requests, top_keys_ptr, stride_top_t, stride_top_k,
+    positions_ptr, cum_query_lens_ptr, num_requests, top_keys_ptr, stride_top_keys_t, stride_top_keys_k,
     selected, index_topk, out_width,
     P: tl.constexpr, PACK: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
@@ -49,8 +49,8 @@ def _expand_kernel(
         # Step 1, history: column c holds token pool_id[c // P] * P + c % P of a valid slot.
         slot = cols // P
         hist = live[:, None] & ((cols < index_topk) & (slot < selected))[None, :]
-        key = tl.load(top_keys_ptr + rows[:, None] * stride_top_t + (slot * stride_top_k)[None, :], mask=hist,
-                      other=0)
+        key = tl.load(top_keys_ptr + rows[:, None] * stride_top_keys_t + (slot * stride_top_keys_k)[None, :],
+                      mask=hist, other=0)
         high = (key >> 32).to(tl.int32)                              # the score's image
         pool = (0xFFFFFFFF - (key & 0xFFFFFFFF)).to(tl.int32)        # the inverted pool id
         val = tl.where(hist & (high > KEY_LOWEST_C), pool * P + (cols % P)[None, :], -1)

@@ -46,11 +46,11 @@ def merged_exact(qbar_ptrs, cache_ptr, cells, load_ok, stride_cache_d, D: tl.con
     return acc
 
 
-@triton.jit(do_not_specialize=["stride_q_t", "stride_q_h", "stride_w_t", "stride_w_h", "stride_split_t", "stride_qbar_t",
-                                "row_start", "num_rows"])
+@triton.jit(do_not_specialize=["stride_q_t", "stride_q_h", "stride_weights_t", "stride_weights_h", "stride_split_t",
+                                "stride_qbar_t", "row_start", "num_rows"])
 def _merge_heads_kernel(
     q_ptr, stride_q_t, stride_q_h, stride_q_d,
-    weights_ptr, stride_w_t, stride_w_h,
+    weights_ptr, stride_weights_t, stride_weights_h,
     split_ptr, stride_split_t, unit_ptr, qbar_ptr, stride_qbar_t, nonfinite_ptr, row_start, num_rows,
     H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, W_BF16: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 ):
@@ -71,10 +71,10 @@ def _merge_heads_kernel(
         row_ok = rb * BLOCK_ROWS + local < num_rows
         mask = row_ok[:, None] & (dims < D)[None, :]
         q_ptrs = q_ptr + row0 * stride_q_t + local[:, None] * stride_q_t + dims[None, :] * stride_q_d
-        w_ptrs = weights_ptr + row0 * stride_w_t + local * stride_w_t
+        w_ptrs = weights_ptr + row0 * stride_weights_t + local * stride_weights_t
         qbar = tl.zeros([BLOCK_ROWS, DP], dtype=tl.float32)
         for h in range(H):
-            w_h = load_f32(w_ptrs + h * stride_w_h, row_ok, W_BF16)
+            w_h = load_f32(w_ptrs + h * stride_weights_h, row_ok, W_BF16)
             q_h = bf16_bits_to_f32(tl.load(q_ptrs + h * stride_q_h, mask=mask, other=0))
             qbar = qbar + w_h[:, None] * q_h
         # A row whose |qbar| < 2^-46 is split scaled by 2^64 (exact), its unit weights set to 2^-64,
@@ -109,5 +109,5 @@ def merged_heads(q, weights, row_start: int, num_rows: int, launch_options):
         q.view(torch.int16), q.stride(0), q.stride(1), q.stride(2),
         weights.view(torch.int16) if w_bf16 else weights, weights.stride(0), weights.stride(1),
         split.view(torch.int16), split.stride(0), unit, qbar, qbar.stride(0), nonfinite, row_start, num_rows,
-        H=H, D=D, DP=launch_plan.next_pow2(D), W_BF16=w_bf16, **merge.constexprs, **merge.options)
+        H=H, D=D, W_BF16=w_bf16, **merge.constexprs, **merge.options)
     return split, unit, qbar, nonfinite

@@ -5,8 +5,8 @@ Every kernel runs a fixed grid of ``min(work, cores * programs_per_core, 65535)`
 walks its tiles with a grid-stride loop (tile ``i`` -> program ``i % grid``), so the grid never
 exceeds Ascend's ``coreDim <= UINT16_MAX`` and the results never depend on it: a tile decides
 which program computes a cell, never the order of the cell's operations. A :class:`LaunchPlan`
-says all of that for one launch; the launchers (``kpool.ops.compress``, ``.score``, ``.expand``)
-launch exactly ``kernel[(plan.grid,)](..., **plan.constexprs, **plan.options)`` and
+says all of that for one launch; the launchers (``kpool.ops.compress``, ``.score``, ``.merged``,
+``.expand``) launch exactly ``kernel[(plan.grid,)](..., **plan.constexprs, **plan.options)`` and
 ``parity.programs`` maps an element back to the program that wrote it from the same plan.
 
 Cores per backend:
@@ -27,7 +27,7 @@ loading a kernel.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, Mapping, Optional
 
 import torch
@@ -64,6 +64,8 @@ TUNING: Dict[str, Dict[str, dict]] = {
     "score_prefill": {"cuda": dict(BLOCK_M=64, BLOCK_N=128, per_core=2, num_warps=4, num_stages=3),
                       "npu": dict(BLOCK_M=64, BLOCK_N=64, per_core=1),
                       "cpu": dict(BLOCK_M=64, BLOCK_N=0, cap=64)},
+    # one program: the prefix sums of the prefill blocks, BLOCK_R requests at a time
+    "prefill_blocks": {backend: dict(BLOCK_R=128) for backend in ("cuda", "npu", "cpu")},
     "merge_heads": {"cuda": dict(BLOCK_ROWS=4, per_core=8, num_warps=4),
                     "npu": dict(BLOCK_ROWS=4, per_core=1),
                     "cpu": dict(BLOCK_ROWS=64, cap=4)},
@@ -195,6 +197,13 @@ def _make(kernel: str, tiles: int, backend: str, device, constexprs: dict, launc
     return LaunchPlan(kernel, int(tiles), grid, constexprs, options)
 
 
+def _row_block(kernel: str, name: str, num_rows: int, backend: str) -> int:
+    """The tuned row block ``TUNING[kernel][backend][name]``; on the interpreter (which pays per
+    operation, not per lane) shrunk to ``next_pow2(num_rows)``, so a small batch is one tile."""
+    block = TUNING[kernel][backend][name]
+    return max(1, min(block, next_pow2(num_rows))) if backend == "cpu" else block
+
+
 def compress_plan(num_rows: int, head_dim: int, index_kpool: int, device, launch_options=None,
               cores: Optional[int] = None) -> LaunchPlan:
     """Launch 1 of the cache update (kpool-algorithm.md §5.1-§5.3): tiles of ``BLOCK_J * P``
@@ -222,9 +231,7 @@ def ring_write_plan(num_rows: int, head_dim: int, device, launch_options=None,
               cores: Optional[int] = None) -> LaunchPlan:
     """Launch 2 of the cache update (§5.4): tiles of ``BLOCK_T`` token rows x all channels."""
     backend = backend_of(device)
-    block_t = TUNING["ring_write"][backend]["BLOCK_T"]
-    if backend == "cpu":
-        block_t = max(1, min(block_t, next_pow2(num_rows)))
+    block_t = _row_block("ring_write", "BLOCK_T", num_rows, backend)
     return _make("ring_write", cdiv(num_rows, block_t), backend, device,
                  dict(BLOCK_T=block_t, BLOCK_D=next_pow2(head_dim)), launch_options, cores)
 
@@ -281,15 +288,25 @@ def score_prefill_plan(num_rows: int, num_requests: int, total_rows: int, max_po
                       DECODE_ROWS=DECODE_ROWS, DOT_F32=backend == "cpu"), launch_options, cores)
 
 
+def prefill_blocks_plan(prefill: LaunchPlan, device, launch_options=None) -> LaunchPlan:
+    """The one-program launch that finds the prefill kernel's row blocks on the device (prefix
+    sums over the requests, ``BLOCK_R`` at a time) for the ``prefill`` plan's ``BLOCK_M``. It
+    takes the backend's launch options without the prefill kernel's warps and stages."""
+    backend = backend_of(device)
+    plan = _make("prefill_blocks", 1, backend, device,
+                 dict(BLOCK_M=prefill.constexprs["BLOCK_M"], DECODE_ROWS=DECODE_ROWS,
+                      BLOCK_R=TUNING["prefill_blocks"][backend]["BLOCK_R"]), launch_options)
+    return replace(plan, options={k: v for k, v in plan.options.items() if k not in ("num_warps", "num_stages")})
+
+
 def merge_heads_plan(num_rows: int, head_dim: int, device, launch_options=None,
                      cores: Optional[int] = None) -> LaunchPlan:
-    """Score mode (M)'s head merge (kpool-algorithm.md §4.2 (M)): tiles of ``BLOCK_ROWS`` rows."""
+    """Score mode (M)'s head merge (kpool-algorithm.md §4.2 (M)): tiles of ``BLOCK_ROWS`` rows,
+    channels padded to ``DP``."""
     backend = backend_of(device)
-    block_rows = TUNING["merge_heads"][backend]["BLOCK_ROWS"]
-    if backend == "cpu":
-        block_rows = max(1, min(block_rows, next_pow2(num_rows)))
-    return _make("merge_heads", cdiv(num_rows, block_rows), backend, device, dict(BLOCK_ROWS=block_rows),
-                 launch_options, cores)
+    block_rows = _row_block("merge_heads", "BLOCK_ROWS", num_rows, backend)
+    return _make("merge_heads", cdiv(num_rows, block_rows), backend, device,
+                 dict(BLOCK_ROWS=block_rows, DP=next_pow2(head_dim)), launch_options, cores)
 
 
 def expand_plan(num_rows: int, width: int, device, launch_options=None,

@@ -51,9 +51,10 @@ from .merged import merged_exact, merged_heads, merged_needs_exact
 
 SCORE_MODES = {"relu": 0, "merged": 1}
 
-_NO_SPECIALIZE = ["q_offset", "stride_q_t", "stride_q_h", "stride_w_t", "stride_w_h", "cache_offset",
-                  "stride_cache_n", "stride_cache_b", "num_pages", "page_size", "num_requests", "stride_bt_r",
-                  "stride_bt_m", "bt_width", "stride_keys_t", "row_start", "num_rows", "max_pool_seq_len",
+_NO_SPECIALIZE = ["q_offset", "stride_q_t", "stride_q_h", "stride_weights_t", "stride_weights_h", "cache_offset",
+                  "stride_cache_n", "stride_cache_b", "num_pages", "page_size", "num_requests",
+                  "stride_block_table_r", "stride_block_table_m", "block_table_width", "stride_keys_t", "row_start",
+                  "num_rows", "max_pool_seq_len",
                   "stride_qbar_t"]
 # Runtime sizes and outer strides are not specialized, so a stream of batches compiles one
 # variant per configuration (P, D, H, mode, weight dtype) and vector width only. q and the cache
@@ -64,13 +65,14 @@ _NO_SPECIALIZE = ["q_offset", "stride_q_t", "stride_q_h", "stride_w_t", "stride_
 
 @triton.jit
 def _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset, stride_cache_n,
-               stride_cache_b, stride_bt_r, stride_bt_m, bt_width, WIDE: tl.constexpr, VC: tl.constexpr):
+               stride_cache_b, stride_block_table_r, stride_block_table_m, block_table_width,
+               WIDE: tl.constexpr, VC: tl.constexpr):
     """Element offset (from the cache's storage start) of each pool's key row, through request
     ``r``'s block table (the page clamped into range only for address legality); offset and
     strides are in units of ``VC`` elements."""
     page_idx = pools // page_size
-    page = tl.load(block_table_ptr + r * stride_bt_r + page_idx * stride_bt_m,
-                   mask=load_ok & (page_idx < bt_width), other=0)
+    page = tl.load(block_table_ptr + r * stride_block_table_r + page_idx * stride_block_table_m,
+                   mask=load_ok & (page_idx < block_table_width), other=0)
     page = tl.maximum(tl.minimum(page, num_pages - 1), 0)
     if WIDE:
         return (cache_offset + page.to(tl.int64) * stride_cache_n
@@ -90,10 +92,10 @@ def _store_keys(key_ptrs, pools, key_hi, mask):
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ["num_segments"])
 def _score_decode_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
-    weights_ptr, stride_w_t, stride_w_h,
+    weights_ptr, stride_weights_t, stride_weights_h,
     cache_ptr, cache_offset, stride_cache_n, stride_cache_b, stride_cache_d, num_pages, page_size,
     positions_ptr, cum_query_lens_ptr, seq_lens_ptr, num_requests,
-    block_table_ptr, stride_bt_r, stride_bt_m, bt_width,
+    block_table_ptr, stride_block_table_r, stride_block_table_m, block_table_width,
     keys_ptr, stride_keys_t,
     row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, num_segments,
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, MODE: tl.constexpr, W_BF16: tl.constexpr,
@@ -132,13 +134,15 @@ def _score_decode_kernel(
                 q_t = load_bf16_operand(q_ptr + (q_offset + t.to(tl.int64) * stride_q_t) * VQ
                                         + heads[None, :] * (stride_q_h * VQ) + dims[:, None] * stride_q_d,
                                         (dims < D)[:, None] & (heads < H)[None, :], DOT_F32)  # [DP, HP]
-                w = load_f32(weights_ptr + t.to(tl.int64) * stride_w_t + heads * stride_w_h, heads < H, W_BF16)
+                w = load_f32(weights_ptr + t.to(tl.int64) * stride_weights_t + heads * stride_weights_h, heads < H,
+                             W_BF16)
                 key_row = keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t
                 for pb in range(pb_first, pb_end):
                     pools = pb * BLOCK_N + offs_n
                     load_ok = pools < vis
                     cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset,
-                                       stride_cache_n, stride_cache_b, stride_bt_r, stride_bt_m, bt_width, WIDE, VC)
+                                       stride_cache_n, stride_cache_b, stride_block_table_r, stride_block_table_m,
+                                       block_table_width, WIDE, VC)
                     key_tile = load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d,
                                                  load_ok[:, None] & (dims < D)[None, :], DOT_F32)  # [BLOCK_N, DP]
                     s = tl.dot(key_tile, q_t, input_precision="ieee")                       # [BLOCK_N, HP]
@@ -193,13 +197,15 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, sea
     tl.store(block_ends_ptr + num_requests + edge, int32_of(before + own))
 
 
+# The same runtime arguments as _score_decode_kernel up to nonfinite_ptr, deliberately: the
+# launcher passes one argument tuple to both kernels (a Triton kernel takes no struct).
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ["search_steps"])
 def _score_prefill_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
-    weights_ptr, stride_w_t, stride_w_h,
+    weights_ptr, stride_weights_t, stride_weights_h,
     cache_ptr, cache_offset, stride_cache_n, stride_cache_b, stride_cache_d, num_pages, page_size,
     positions_ptr, cum_query_lens_ptr, seq_lens_ptr, num_requests,
-    block_table_ptr, stride_bt_r, stride_bt_m, bt_width,
+    block_table_ptr, stride_block_table_r, stride_block_table_m, block_table_width,
     keys_ptr, stride_keys_t,
     row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, block_ends_ptr, search_steps,
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, MODE: tl.constexpr, W_BF16: tl.constexpr,
@@ -238,7 +244,8 @@ def _score_prefill_kernel(
         if pb * BLOCK_N < max_vis:
             load_ok = pools < max_vis
             cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset,
-                               stride_cache_n, stride_cache_b, stride_bt_r, stride_bt_m, bt_width, WIDE, VC)
+                               stride_cache_n, stride_cache_b, stride_block_table_r, stride_block_table_m,
+                               block_table_width, WIDE, VC)
             key_t = load_bf16_operand(cache_ptr + cells[None, :] + dims[:, None] * stride_cache_d,
                                       (dims < D)[:, None] & load_ok[None, :], DOT_F32)   # [DP, BLOCK_N]
             # Rows past the request read its last row (address legality; their results are never
@@ -246,7 +253,7 @@ def _score_prefill_kernel(
             local = tl.minimum(offs_m, q_hi - 1 - row0).to(tl.int64)
             q_ptrs = (q_ptr + (q_offset + row0.to(tl.int64) * stride_q_t) * VQ + local[:, None] * (stride_q_t * VQ)
                       + dims[None, :] * stride_q_d)
-            w_ptrs = weights_ptr + (row0 + local) * stride_w_t
+            w_ptrs = weights_ptr + (row0 + local) * stride_weights_t
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for h in range(H):
                 if D == DP:
@@ -254,7 +261,7 @@ def _score_prefill_kernel(
                 else:
                     q_h = load_bf16_operand(q_ptrs + h * (stride_q_h * VQ), (dims < D)[None, :], DOT_F32)
                 s = tl.dot(q_h, key_t, input_precision="ieee")                              # [BLOCK_M, BLOCK_N]
-                w_h = load_f32(w_ptrs + h * stride_w_h, None, W_BF16)
+                w_h = load_f32(w_ptrs + h * stride_weights_h, None, W_BF16)
                 # Heads in order, from 0.0, as the reference; w * relu(s) written as a select of
                 # two products (the same bits: relu keeps NaN and -0.0, w * 0.0 keeps an infinite
                 # or NaN weight's NaN), which keeps fewer registers live than ReLU then product.
@@ -275,11 +282,6 @@ def _score_prefill_kernel(
                         + pools[None, :])
             _store_keys(key_ptrs, pools[None, :], tl.full([BLOCK_M, BLOCK_N], KEY_LOWEST_C, tl.int32),
                         mine[:, None] & (pools < max_pool_seq_len)[None, :])
-
-
-def _plain_options(options: dict) -> dict:
-    """A launch's backend options without its tile tuning (for the one-program helper kernel)."""
-    return {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
 
 
 def _check(q, weights, compressed_cache, block_table, score_mode, keys, num_rows, max_pool_seq_len):
@@ -363,22 +365,23 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
     # the bf16 tensors themselves (tensor-core operands straight from memory).
     as_bits = decode.constexprs["DOT_F32"]
     q_arg, cache_arg = (q.view(torch.int16), compressed_cache.view(torch.int16)) if as_bits else (q, compressed_cache)
-    q_base, q_off, (sq_t, sq_h), vq = launch_plan.vector_view(q_arg, (q.stride(0), q.stride(1)), 8)
-    c_base, c_off, (sc_n, sc_b), vc = launch_plan.vector_view(
+    q_base, q_offset, (stride_q_t, stride_q_h), vq = launch_plan.vector_view(q_arg, (q.stride(0), q.stride(1)), 8)
+    cache_base, cache_offset, (stride_cache_n, stride_cache_b), vc = launch_plan.vector_view(
         cache_arg, (compressed_cache.stride(0), compressed_cache.stride(1)), 8)
     common = dict(H=H, D=D, P=int(index_kpool), MODE=SCORE_MODES[score_mode], W_BF16=w_bf16,
                   WIDE=span >= 2 ** 31, VQ=vq, VC=vc)
-    args = (q_base, q_off, sq_t, sq_h, q.stride(2), w_arg, weights.stride(0), weights.stride(1),
-            c_base, c_off, sc_n, sc_b, compressed_cache.stride(3), N, B, positions, cum_query_lens, seq_lens, R,
+    args = (q_base, q_offset, stride_q_t, stride_q_h, q.stride(2), w_arg, weights.stride(0), weights.stride(1),
+            cache_base, cache_offset, stride_cache_n, stride_cache_b, compressed_cache.stride(3), N, B,
+            positions, cum_query_lens, seq_lens, R,
             block_table, block_table.stride(0), block_table.stride(1), block_table.shape[1],
             keys, keys.stride(0), row_start, num_rows, max_pool_seq_len, qbar, qbar.stride(0), nonfinite)
     _score_decode_kernel[(decode.grid,)](*args, launch_plan.decode_segments(decode, R, max_pool_seq_len), **common,
                                          **decode.constexprs, **decode.options)
     steps = R.bit_length()
     block_ends = torch.empty(R + 2, dtype=torch.int32, device=q.device)
-    _prefill_blocks_kernel[(1,)](cum_query_lens, block_ends, R, steps, row_start, num_rows,
-                                 BLOCK_M=prefill.constexprs["BLOCK_M"], DECODE_ROWS=launch_plan.DECODE_ROWS,
-                                 BLOCK_R=128, **_plain_options(prefill.options))
+    blocks = launch_plan.prefill_blocks_plan(prefill, q.device, launch_options)
+    _prefill_blocks_kernel[(blocks.grid,)](cum_query_lens, block_ends, R, steps, row_start, num_rows,
+                                           **blocks.constexprs, **blocks.options)
     _score_prefill_kernel[(prefill.grid,)](*args, block_ends, steps, **common, **prefill.constexprs,
                                            **prefill.options)
     return result
