@@ -15,6 +15,7 @@
 * ``ab --baseline IMPL --candidate IMPL``: two implementations bit for bit (:mod:`parity.ab`);
 * ``golden record|check DIR``: device goldens of every step's outputs (:mod:`parity.golden`);
 * ``bisect GOOD BAD --case NAME``: the first revision whose kernels change a case (:mod:`parity.bisect`);
+* ``selftest``: plant every fault of the catalog and report which suite catches it (:mod:`parity.selftest`);
 * ``list cases|mutants|relations|implementations``: what ``--case``, ``--kernel mutant:NAME``,
   ``--metamorphic`` and ``--kernel SPEC`` can select.
 
@@ -61,13 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         "a failing generated case is kept in REPORT/corpus-candidates.")
     _add_run_arguments(record)
     add_replay_parser(sub)
-<<<<<<< HEAD
     add_ab_parser(sub)
     add_golden_parser(sub)
     add_bisect_parser(sub)
-=======
     add_selftest_parser(sub)
->>>>>>> selftest
     merge = sub.add_parser("merge", help="combine the reports of a sharded run (run --shard i/n) into one",
                            description="Combine the --report directories of the shards of one run (python -m "
                                        "parity run --shard i/n --report DIR on each host) into the report the "
@@ -227,7 +225,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "replay":
         from .replay import replay_main
         return replay_main(args)
-<<<<<<< HEAD
     if args.command == "ab":
         from .ab import ab_main
         return ab_main(args)
@@ -237,11 +234,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "bisect":
         from .bisect import bisect_main
         return bisect_main(args)
-=======
     if args.command == "selftest":
         from .selftest import selftest_main
         return selftest_main(args)
->>>>>>> selftest
     if args.command == "merge":
         from .merge import merge_main
         return merge_main(args)
