@@ -141,7 +141,7 @@ def test_cli_metamorphic_option(tmp_path, device):
     resolve_device(device)
     rep = tmp_path / "rep"
     assert main(["run", "--device", device, "--size", "small", "--case", "prefill-topk", "--repeat", "1", "--no-oracle",
-                 "--metamorphic", "padding-rows", "--report", str(rep), "--no-bundles"]) == 0
+                 "--metamorphic", "padding-rows", "--decode-relations", "--report", str(rep), "--no-bundles"]) == 0
     rows = json.load(open(rep / "results.json"))["results"]
     meta = [r for r in rows if r["output"].startswith("metamorphic:")]
     assert {r["output"] for r in meta} == {"metamorphic:padding-rows"} and len(meta) == 4

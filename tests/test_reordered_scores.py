@@ -106,14 +106,14 @@ ONLY_CHUNKED = {"chunk-offset"}   # reachable only through prefill-topk's chunke
 
 
 @pytest.mark.integration
-def test_planted_mutants_stay_uncertified():
+def test_planted_mutants_stay_uncertified(device):
     """Every planted fault of parity.mutants on the small random full-padding seed case (which
     catches all of them), on prefill-topk for the faults that change index rows, and on its
     corpus entry: the expected failure class, and no certified finding at all."""
     from cases import corpus
     from kpool.platform import resolve_device
     from parity.mutants import MUTANTS, expected_verdict, load_mutant
-    resolve_device("cpu")
+    resolve_device(device)
     by_name = {c.name: c for c in RANDOM_SMALL}
     saved = {corpus.mutant_of(info): case for case, info in map(corpus.load_case, corpus.entries())}
     for name in MUTANTS:

@@ -40,20 +40,20 @@ def test_catalog_size_and_rules():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("name", ["rule:slot-duplicate", "rule:dtype", "bf16-truncate", "chunk-last-skipped"])
-def test_sample_fault_is_caught(name):
+def test_sample_fault_is_caught(name, device):
     from parity.selftest import hunt
-    r = hunt(name, "cpu", ["corpus", "seed"], "small")
+    r = hunt(name, device, ["corpus", "seed"], "small")
     assert r["caught"], r
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("scenario", ["bad_metadata", "bad_arguments"])
-def test_bad_input_steps_reject_with_their_rule(scenario):
+def test_bad_input_steps_reject_with_their_rule(scenario, device):
     """The real kernels pass every bad-input step (each raises its rule's class and name)."""
     import cases.scenarios as S
     from parity.runner import run_case
     case = getattr(S, scenario)("small")
-    res = run_case(case, device="cpu")
+    res = run_case(case, device=device)
     assert res.ok, res.failures
     errors = res.findings[res.findings["output"] == "error"]
     assert len(errors) == len([s for s in case.steps if s.expect_error]) and set(errors["verdict"]) == {"exact"}

@@ -27,6 +27,15 @@ INDEXER = "vllm_ascend/ops/triton/glm5_next_lightning_indexer.py"
 COMPRESS = "vllm_ascend/ops/triton/glm5_next_kpool_tail_compress.py"
 
 
+DEVICE = "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _session_device(device):
+    """In-process runs use the session's backend (the stand-ins' kernels compile on a device)."""
+    global DEVICE
+    DEVICE = device
+
 def _seed(name: str):
     from cases.scenarios import seed_cases
     return next(c for c in seed_cases(["small"]) if c.name == name)
@@ -46,7 +55,7 @@ def _copy_standin(tmp_path, which: str, file: str, old: str, new: str) -> str:
 def _run(spec: str, case, ties: str):
     impl = resolve(spec)
     sem = resolve_semantics(impl, ties=ties)
-    return run_case(sem.case(case), device="cpu", kernel_forward=sem.forward(impl.forward), tie_policy=sem.tie_policy)
+    return run_case(sem.case(case), device=DEVICE, kernel_forward=sem.forward(impl.forward), tie_policy=sem.tie_policy)
 
 
 @pytest.mark.parametrize("which, slots", [("new", True), ("old", False)])
@@ -76,7 +85,7 @@ def test_a_checkout_without_the_operators_is_a_named_error(tmp_path):
 def test_relu_is_refused_before_any_launch():
     from kpool.errors import KPoolUnsupportedError
     forward = resolve(f"vllm-ascend:{STANDIN['new']}").forward
-    res = run_case(with_score_mode(_seed("prefill-topk"), "relu"), device="cpu", kernel_forward=forward)
+    res = run_case(with_score_mode(_seed("prefill-topk"), "relu"), device=DEVICE, kernel_forward=forward)
     crashes = res.findings[res.findings["verdict"] == "crash"]
     assert len(crashes) and KPoolUnsupportedError.__name__ in " ".join(crashes["detail"].astype(str))
 
@@ -124,7 +133,7 @@ def test_bad_input_is_rejected_by_the_callers_validation_and_said_so(validate_wi
     case = next(c for c in PUBLIC_CASES["C05"].build() if c.name == "tail-seed-b-bad-block")
     impl = resolve(f"vllm-ascend:{STANDIN['new']}")
     sem = resolve_semantics(impl, validate_with=validate_with)
-    res = run_case(sem.case(case), device="cpu", kernel_forward=sem.forward(impl.forward), tie_policy=sem.tie_policy)
+    res = run_case(sem.case(case), device=DEVICE, kernel_forward=sem.forward(impl.forward), tie_policy=sem.tie_policy)
     errors = res.findings[res.findings["output"] == "error"]
     assert len(errors) == 1
     if validate_with == "kpool":
@@ -147,7 +156,7 @@ def test_direct_call_checks_call_the_implementation_under_test():
     def counting(**kwargs):
         calls.append(kwargs.get("validate", True))
         return inner(**kwargs)
-    checks = KERNEL_CHECKS["C05"]("cpu", {case.name: SimpleNamespace(case=case)}, forward=counting, package=None)
+    checks = KERNEL_CHECKS["C05"](DEVICE, {case.name: SimpleNamespace(case=case)}, forward=counting, package=None)
     assert calls == [True] + [False] * (len(case.steps) - 1)
     assert all(c.ok for c in checks)
 
