@@ -80,10 +80,17 @@ def hardware_profile(device: str) -> HardwareProfile:
 _PROFILE: Optional[HardwareProfile] = None
 
 
-def current_hardware_profile() -> HardwareProfile:
-    """The profile of the resolved device, probed once per process."""
+def current_hardware_profile(device) -> HardwareProfile:
+    """The profile of the process's resolved backend, probed once per process.
+
+    Args:
+        device: the backend name, or a zero-argument callable returning it
+            (``kpool.platform.resolve_device``: called only when nothing is cached yet, and passed
+            by the caller so that this module imports nothing of ``kpool.platform``).
+    Raises:
+        KPoolUnsupportedError: as :func:`hardware_profile`.
+    """
     global _PROFILE
-    if _PROFILE is None:
-        from .platform import resolve_device
-        _PROFILE = hardware_profile(resolve_device())
+    if _PROFILE is None:          # one backend per process (resolve_device is cached too)
+        _PROFILE = hardware_profile(device() if callable(device) else device)
     return _PROFILE

@@ -28,11 +28,7 @@ CASES_MAY_IMPORT = ("kpool.config", "kpool.metadata", "kpool.errors")
 
 TEMPORARY_EDGES: Dict[Tuple[str, str], str] = {}
 """Edges against the rules, each with the reason it still exists."""
-TEMPORARY_CYCLES = {
-    frozenset({"kpool.hardware", "kpool.platform"}):
-        "the NPU launch options read the resolved device's hardware profile; a follow-up moves "
-        "current_hardware_profile into kpool.platform (tests patch kpool.hardware._PROFILE today)",
-}
+TEMPORARY_CYCLES: Dict[frozenset, str] = {}
 """Cycles still present, each with the reason (the files involved are another branch's)."""
 
 

@@ -229,10 +229,10 @@ def test_hardware_profile_other_devices(platform_state):
 def test_current_profile_probes_once(fake_npu, platform_state):
     platform_state.setenv("KPOOL_DEVICE", "npu")
     fake_npu.soc = 251
-    profile = current_hardware_profile()
+    profile = current_hardware_profile(resolve_device)
     assert profile == HardwareProfile("npu", "A3", 251, "Ascend910B3")
     fake_npu.soc = 260
-    assert current_hardware_profile() is profile and fake_npu.soc_calls == 1
+    assert current_hardware_profile(resolve_device) is profile and fake_npu.soc_calls == 1
 
 
 # ------------------------------------------------------------------------ launch_options

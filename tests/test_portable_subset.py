@@ -290,7 +290,7 @@ def launch_options(device: str) -> dict:
         return {"num_warps": 4, "enable_fp_fusion": False}
     if device == "npu":
         from .hardware import current_hardware_profile
-        return {"multibuffer": not current_hardware_profile().is_a5}
+        return {"multibuffer": not current_hardware_profile(resolve_device).is_a5}
     return {}
 '''
 
