@@ -353,10 +353,10 @@ def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=
         return None
     chunk = max(1, min(kp, order["lanes"] // kp))
     first = _make("topk_select", num_rows, backend, device,
-                  dict(NT=nt, T=t, LOG_BLOCK=(nt * t).bit_length() - 1, DOT_F32=backend == "cpu"),
+                  dict(NT=nt, T=t, CT=MIN_DOT, LOG_BLOCK=(nt * t).bit_length() - 1, DOT_F32=backend == "cpu"),
                   launch_options, cores)
-    if launch_options is None and backend == "cuda":   # a warp per 1024 resident keys, 4..16
-        first = replace(first, options=dict(first.options, num_warps=max(4, min(16, nt * t // 1024))))
+    if launch_options is None and backend == "cuda":   # a warp per 512 resident keys, 4..32: no spills
+        first = replace(first, options=dict(first.options, num_warps=max(4, min(32, nt * t // 512))))
     second = _make("topk_order", num_rows * cdiv(selected, chunk), backend, device, dict(KP=kp, CHUNK=chunk),
                    launch_options, cores)
     return first, second

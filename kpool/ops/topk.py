@@ -15,9 +15,10 @@ no atomics, no histogram op: platform-numerics.md §6.1), only integer compares,
    ``[NT, T]`` tile (read once): a bitwise binary search for the K-th largest image ``v`` (32
    counting passes over the registers), then the tie fix-up: of the pools whose image is ``v``
    only the lowest ids are kept, as many as ``K - #(image > v)`` (a second bitwise search, over
-   the column index). Exactly K lanes are chosen; each is stored at its exclusive prefix count
-   (per ``T``-lane row: a 0/1 ``tl.dot`` with the strict upper-triangular ones, exact; across rows:
-   an integer masked sum), i.e. compacted in pool order into a work row.
+   the column index). Exactly K lanes are chosen; a second read of the row (``CT x T`` tiles,
+   from the cache) stores each at its exclusive prefix count (within a ``T``-lane row: a 0/1
+   ``tl.dot`` with the strict upper-triangular ones, exact; across rows: integer masked sums),
+   i.e. compacted in pool order into a work row.
 2. :func:`_order_kernel`: each compacted key's rank is the number of the row's K keys above it
    (keys are unique: a permutation); the key is stored at its rank.
 
@@ -61,24 +62,28 @@ def _count(cond):
 
 @triton.jit(do_not_specialize=["stride_keys_t", "stride_work_t", "num_requests", "row_start", "num_rows", "width",
                                 "selected"])
-def _select_kernel(keys_ptr, stride_keys_t, work_ptr, stride_work_t, cum_query_lens_ptr, num_requests,
+def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, cum_query_lens_ptr, num_requests,
                    row_start, num_rows, width, selected,
-                   NT: tl.constexpr, T: tl.constexpr, LOG_BLOCK: tl.constexpr, DOT_F32: tl.constexpr):
+                   NT: tl.constexpr, T: tl.constexpr, CT: tl.constexpr, LOG_BLOCK: tl.constexpr,
+                   DOT_F32: tl.constexpr):
     """Launch 1 of :func:`select_topk`: the ``selected`` largest keys of each live row of
-    ``keys_ptr`` (int64 ``[num_rows, >= width]``, unit column stride), compacted in pool order
-    into ``work_ptr`` (int64 ``[num_rows, >= selected]``). Row ``i`` is batch row
+    ``keys_ptr`` (int64 ``[num_rows, >= width]``, unit column stride; ``image_ptr`` the same
+    memory as int32, whose odd elements are the keys' high words, little-endian), compacted in
+    pool order into ``work_ptr`` (int64 ``[num_rows, >= selected]``). Row ``i`` is batch row
     ``row_start + i``; rows at or past ``T_live`` are skipped."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     lane_row = tl.arange(0, NT)
     lane = tl.arange(0, T)
     col = lane_row[:, None] * T + lane[None, :]                            # [NT, T] pool ids
-    inside = col < width
+    sub_row = tl.arange(0, CT)
     upper = _unit_operand(lane[:, None] < lane[None, :], DOT_F32)         # strict upper-triangular ones
     live = tl.minimum(num_rows, tl.load(cum_query_lens_ptr + num_requests - 1) - row_start)
     for i in range(pid, live, nprog):
-        row = keys_ptr + tl.cast(i, tl.int64) * stride_keys_t
-        image = tl.where(inside, (tl.load(row + col, mask=inside, other=0) >> 32).to(tl.int32), _INT32_MIN_C)
+        keys_row = keys_ptr + tl.cast(i, tl.int64) * stride_keys_t
+        image_row = image_ptr + tl.cast(i, tl.int64) * (2 * stride_keys_t) + 1
+        # The row's images stay in registers for the 47 counting passes (read once).
+        image = tl.load(image_row + 2 * col, mask=col < width, other=_INT32_MIN_C)
         # v = the largest int32 with #(image >= v) >= selected, bit by bit from the sign bit.
         v = tl.where(_count(image >= 0) >= selected, 0, _INT32_MIN_C)
         for b in range(0, 31):
@@ -87,19 +92,26 @@ def _select_kernel(keys_ptr, stride_keys_t, work_ptr, stride_work_t, cum_query_l
         # Ties at v: keep the lowest ids. last = the id of the need-th tie (the largest c with
         # #(tie & col < c) < need), again bit by bit.
         need = selected - _count(image > v)
-        tie = (image == v) & inside
+        tie = (image == v) & (col < width)
         last = v * 0
         for b in range(0, LOG_BLOCK):
             cand = last | (1 << (LOG_BLOCK - 1 - b))
             last = tl.where(_count(tie & (col < cand)) < need, cand, last)
-        chosen = (image > v) | (tie & (col <= last))                       # exactly `selected` lanes
-        # Compaction: exclusive prefix count of the chosen lanes, in pool order.
-        per_row = int32_of(tl.sum(tl.where(chosen, 1, 0), axis=1))
-        before = int32_of(tl.sum(tl.where(lane_row[None, :] < lane_row[:, None], per_row[None, :], 0), axis=1))
-        within = tl.dot(_unit_operand(chosen, DOT_F32), upper, input_precision="ieee")   # exact small ints
-        slot = before[:, None] + within.to(tl.int32)
-        key = tl.load(row + col, mask=chosen, other=0)
-        tl.store(work_ptr + tl.cast(i, tl.int64) * stride_work_t + slot, key, mask=chosen)
+        # Compaction (exactly `selected` lanes are chosen), CT rows of T at a time from the keys
+        # just read (cache-resident): slot = the exclusive prefix count of the chosen lanes.
+        done = v * 0
+        for r0 in range(0, tl.cdiv(width, CT * T)):
+            ccol = (r0 * CT + sub_row)[:, None] * T + lane[None, :]
+            inside = ccol < width
+            cimage = tl.load(image_row + 2 * ccol, mask=inside, other=_INT32_MIN_C)
+            chosen = inside & ((cimage > v) | ((cimage == v) & (ccol <= last)))
+            per_row = int32_of(tl.sum(tl.where(chosen, 1, 0), axis=1))
+            before = int32_of(tl.sum(tl.where(sub_row[None, :] < sub_row[:, None], per_row[None, :], 0), axis=1))
+            within = tl.dot(_unit_operand(chosen, DOT_F32), upper, input_precision="ieee")   # exact small ints
+            slot = done + before[:, None] + within.to(tl.int32)
+            key = tl.load(keys_row + ccol, mask=chosen, other=0)
+            tl.store(work_ptr + tl.cast(i, tl.int64) * stride_work_t + slot, key, mask=chosen)
+            done = done + _count(chosen)
 
 
 @triton.jit(do_not_specialize=["stride_work_t", "stride_out_t", "num_requests", "row_start", "num_rows",
@@ -178,7 +190,7 @@ def select_topk(keys: torch.Tensor, selected: int, *, out=None, work=None, cum_q
     if R == 0:                               # no request: no live row
         return result
     first, second = plans
-    _select_kernel[(first.grid,)](keys, keys.stride(0), work, work.stride(0), cum_query_lens, R, row_start, rows,
+    _select_kernel[(first.grid,)](keys, keys.view(torch.int32), keys.stride(0), work, work.stride(0), cum_query_lens, R, row_start, rows,
                                   width, selected, **first.constexprs, **first.options)
     _order_kernel[(second.grid,)](work, work.stride(0), result, result.stride(0), cum_query_lens, R, row_start, rows,
                                   selected, **second.constexprs, **second.options)
