@@ -98,7 +98,8 @@ def _combos():
                {"num_warps": cuda["ring_write"]["cuda"]["num_warps"]})
     for H, D, mode, wbf16 in [(2, 16, 0, False), (3, 16, 1, True), (32, 128, 0, False), (32, 128, 1, True),
                               (1, 1, 0, False), (20, 32, 0, True)]:
-        common = dict(H=H, D=D, P=4, MODE=mode, W_BF16=wbf16, WIDE=False, DECODE_ROWS=plan.DECODE_ROWS,
+        common = dict(MODE=mode, W_BF16=wbf16, D_FULL=D == max(plan.MIN_DOT, plan.next_pow2(D)), WIDE=False,
+                      DECODE_ROWS=plan.DECODE_ROWS,
                       DOT_F32=False, VQ=8 if D >= 8 else D, VC=8 if D >= 8 else D,
                       DP=max(plan.MIN_DOT, plan.next_pow2(D)))
         w = {"weights_ptr": "*i16"} if wbf16 else {}

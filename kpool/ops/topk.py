@@ -11,11 +11,11 @@ of the scores puts first, bit for bit, whatever algorithm finds them.
 no atomics, no histogram op: platform-numerics.md §6.1), only integer compares, exact integer
 ``tl.sum`` counts and one 0/1 ``tl.dot`` (exact):
 
-1. :func:`_select_kernel`, one row per tile, the row's 32-bit images held in registers as an
-   ``[NT, T]`` tile (read once): a bitwise binary search for the K-th largest image ``v`` (32
+1. :func:`_select_kernel`, one row per tile, the row's 32-bit images held in registers (a 1-D
+   block of ``NT * T``, read once): a bitwise binary search for the K-th largest image ``v`` (32
    counting passes over the registers), then the tie fix-up: of the pools whose image is ``v``
    only the lowest ids are kept, as many as ``K - #(image > v)`` (a second bitwise search, over
-   the column index). Exactly K lanes are chosen; a second read of the row (``CT x T`` tiles,
+   the column index; skipped when no tie crosses the K-th place). Exactly K lanes are chosen; a second read of the row (``CT x T`` tiles,
    from the cache) stores each at its exclusive prefix count (within a ``T``-lane row: a 0/1
    ``tl.dot`` with the strict upper-triangular ones, exact; across rows: integer masked sums),
    i.e. compacted in pool order into a work row.
@@ -73,30 +73,37 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
     ``row_start + i``; rows at or past ``T_live`` are skipped."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    lane_row = tl.arange(0, NT)
+    col = tl.arange(0, NT * T)                                             # pool ids (1-D: one-level reductions)
     lane = tl.arange(0, T)
-    col = lane_row[:, None] * T + lane[None, :]                            # [NT, T] pool ids
     sub_row = tl.arange(0, CT)
     upper = _unit_operand(lane[:, None] < lane[None, :], DOT_F32)         # strict upper-triangular ones
     live = tl.minimum(num_rows, tl.load(cum_query_lens_ptr + num_requests - 1) - row_start)
     for i in range(pid, live, nprog):
         keys_row = keys_ptr + tl.cast(i, tl.int64) * stride_keys_t
         image_row = image_ptr + tl.cast(i, tl.int64) * (2 * stride_keys_t) + 1
-        # The row's images stay in registers for the 47 counting passes (read once).
+        # The row's images stay in registers for the counting passes (read once).
         image = tl.load(image_row + 2 * col, mask=col < width, other=_INT32_MIN_C)
-        # v = the largest int32 with #(image >= v) >= selected, bit by bit from the sign bit.
-        v = tl.where(_count(image >= 0) >= selected, 0, _INT32_MIN_C)
+        # v = the largest int32 with #(image >= v) >= selected, bit by bit from the sign bit;
+        # at_v = #(image >= v).
+        at_v = _count(image >= 0)
+        v = tl.where(at_v >= selected, 0, _INT32_MIN_C)
+        at_v = tl.where(at_v >= selected, at_v, width)
         for b in range(0, 31):
             cand = v | (1 << (30 - b))
-            v = tl.where(_count(image >= cand) >= selected, cand, v)
-        # Ties at v: keep the lowest ids. last = the id of the need-th tie (the largest c with
-        # #(tie & col < c) < need), again bit by bit.
-        need = selected - _count(image > v)
-        tie = (image == v) & (col < width)
-        last = v * 0
-        for b in range(0, LOG_BLOCK):
-            cand = last | (1 << (LOG_BLOCK - 1 - b))
-            last = tl.where(_count(tie & (col < cand)) < need, cand, last)
+            n = _count(image >= cand)
+            v = tl.where(n >= selected, cand, v)
+            at_v = tl.where(n >= selected, n, at_v)
+        # Ties at v beyond the K-th: keep the lowest ids. last = the id of the need-th tie (the
+        # largest c with #(tie & col < c) < need), again bit by bit; skipped when every pool at
+        # v is selected (at_v == selected: no tie crosses the K-th place).
+        last = v * 0 + (NT * T)
+        if at_v > selected:
+            need = selected - _count(image > v)
+            tie = (image == v) & (col < width)
+            last = v * 0
+            for b in range(0, LOG_BLOCK):
+                cand = last | (1 << (LOG_BLOCK - 1 - b))
+                last = tl.where(_count(tie & (col < cand)) < need, cand, last)
         # Compaction (exactly `selected` lanes are chosen), CT rows of T at a time from the keys
         # just read (cache-resident): slot = the exclusive prefix count of the chosen lanes.
         done = v * 0
