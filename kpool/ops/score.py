@@ -164,7 +164,7 @@ def _score_decode_kernel(
                     if MODE == 1:
                         if merged_needs_exact(key_tile, nonfinite_ptr + t + tl.arange(0, 1), DOT_F32):
                             score = merged_exact(qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr, cells,
-                                                  load_ok, stride_cache_d, D, DOT_F32)
+                                                  load_ok, stride_cache_d, DP if D_FULL else D, DOT_F32)
                     _store_keys(key_row + pools, pools, score_key_hi(score, pools >= vis), pools < max_pool_seq_len)
 
 
@@ -267,7 +267,7 @@ def _score_prefill_kernel(
                       + dims[None, :] * stride_q_d)
             w_ptrs = weights_ptr + (row0 + local) * stride_weights_t
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for h in range(H):
+            for h in range(3 if MODE == 1 else H):     # mode (M): qbar's three parts (a constant trip count)
                 if D_FULL:
                     q_h = load_bf16_operand(q_ptrs + h * (stride_q_h * VQ), None, DOT_F32)   # [BLOCK_M, DP]
                 else:
@@ -284,7 +284,7 @@ def _score_prefill_kernel(
             if MODE == 1:
                 if merged_needs_exact(key_t, nonfinite_ptr + row0 + local, DOT_F32):
                     acc = merged_exact(qbar_ptr + (row0 + local)[:, None] * stride_qbar_t, cache_ptr,
-                                        cells[None, :], load_ok[None, :], stride_cache_d, D, DOT_F32)
+                                        cells[None, :], load_ok[None, :], stride_cache_d, DP if D_FULL else D, DOT_F32)
             key_ptrs = (keys_ptr + (row0 - row_start).to(tl.int64) * stride_keys_t + offs_m[:, None] * stride_keys_t
                         + pools[None, :])
             _store_keys(key_ptrs, pools[None, :], score_key_hi(acc, pools[None, :] >= vis[:, None]),
