@@ -73,7 +73,9 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # [NT, T] tile (NT in {NT_MIN, NT_MAX} on compiled backends: two shapes); the K selected are
     # ordered in chunks of CHUNK rows x KP columns (KP from KP_SIZES). Wider rows / larger K fall
     # back to torch.topk on the keys (the same result).
-    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2),
+    # max_rows: above it torch.topk is faster on the H200 (2048 x 16384: 1.09 ms vs 0.99 ms; 256
+    # rows: 0.15 vs 0.21 ms), so a chunk of more rows falls back (docs/kernels.md).
+    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2, max_rows=1024),
                     "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1),
                     "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT)},
     "topk_order": {"cuda": dict(KP_SIZES=(128, 512, 2048), lanes=16384, per_core=8, num_warps=4),
@@ -349,7 +351,7 @@ def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=
         t = sel["T"]
         nt = sel["NT_MIN"] if width <= sel["NT_MIN"] * t else sel["NT_MAX"]
         kp = next((k for k in order["KP_SIZES"] if k >= selected), None)
-    if nt > sel["NT_MAX"] or nt * t < width or kp is None or selected < 1:
+    if nt > sel["NT_MAX"] or nt * t < width or kp is None or selected < 1 or num_rows > sel.get("max_rows", num_rows):
         return None
     chunk = max(1, min(kp, order["lanes"] // kp))
     first = _make("topk_select", num_rows, backend, device,
