@@ -59,6 +59,20 @@ def test_select_topk_kernel_equals_the_stable_sort(n):
         assert torch.equal(got, _want(scores, selected)), (n, selected)
 
 
+@pytest.mark.parametrize("n", [40, 700])
+def test_any_unique_keys_give_torch_topk(n):
+    """Keys that are not canonical (the low word any value, not ``-1 - pool``; few high words, so
+    ties cross the K-th place): still the K largest, in descending order, as ``torch.topk``."""
+    gen = torch.Generator().manual_seed(n)
+    hi = torch.randint(-3, 3, (5, n), generator=gen)
+    low = torch.stack([torch.randperm(2 ** 20, generator=gen)[:n] * 4093 for _ in range(5)])   # unique per row
+    keys = (hi << 32) | (low & 0xFFFFFFFF)
+    keys[0] = (keys[0] & 0xFFFFFFFF) | (7 << 32)                   # one high word: the low words decide all
+    for selected in (1, 3, n // 3, n):
+        got = topk.select_topk(keys.to(DEV), selected).cpu()
+        assert torch.equal(got, torch.topk(keys, selected, dim=1).values), selected
+
+
 def test_live_rows_only_and_buffers_given():
     """Rows at or past T_live (read on the device) are left as they were; the result lands in the
     given ``out`` rows, compacted through the given ``work`` rows."""

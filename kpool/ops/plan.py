@@ -355,7 +355,7 @@ def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=
         return None
     chunk = max(1, min(kp, order["lanes"] // kp))
     first = _make("topk_select", num_rows, backend, device,
-                  dict(NT=nt, T=t, CT=MIN_DOT, LOG_BLOCK=(nt * t).bit_length() - 1, DOT_F32=backend == "cpu"),
+                  dict(NT=nt, T=t, CT=MIN_DOT, DOT_F32=backend == "cpu"),
                   launch_options, cores)
     if launch_options is None and backend == "cuda":   # a warp per 512 resident keys, 4..32: no spills
         first = replace(first, options=dict(first.options, num_warps=max(4, min(32, nt * t // 512))))

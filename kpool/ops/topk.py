@@ -13,9 +13,10 @@ no atomics, no histogram op: platform-numerics.md §6.1), only integer compares,
 
 1. :func:`_select_kernel`, one row per tile, the row's 32-bit images held in registers (a 1-D
    block of ``NT * T``, read once): a bitwise binary search for the K-th largest image ``v`` (32
-   counting passes over the registers), then the tie fix-up: of the pools whose image is ``v``
-   only the lowest ids are kept, as many as ``K - #(image > v)`` (a second bitwise search, over
-   the column index; skipped when no tie crosses the K-th place). Exactly K lanes are chosen; a second read of the row (``CT x T`` tiles,
+   counting passes over the registers), then the tie fix-up: of the keys whose image is ``v``
+   only the largest low words (``0xFFFFFFFF - pool``: the lowest ids) are kept, as many as
+   ``K - #(image > v)`` (a second bitwise search, over the low words; skipped when no tie crosses
+   the K-th place). So the kernel returns the K largest of any unique int64 keys. Exactly K lanes are chosen; a second read of the row (``CT x T`` tiles,
    from the cache) stores each at its exclusive prefix count (within a ``T``-lane row: a 0/1
    ``tl.dot`` with the strict upper-triangular ones, exact; across rows: integer masked sums),
    i.e. compacted in pool order into a work row.
@@ -64,8 +65,7 @@ def _count(cond):
                                 "selected"])
 def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, cum_query_lens_ptr, num_requests,
                    row_start, num_rows, width, selected,
-                   NT: tl.constexpr, T: tl.constexpr, CT: tl.constexpr, LOG_BLOCK: tl.constexpr,
-                   DOT_F32: tl.constexpr):
+                   NT: tl.constexpr, T: tl.constexpr, CT: tl.constexpr, DOT_F32: tl.constexpr):
     """Launch 1 of :func:`select_topk`: the ``selected`` largest keys of each live row of
     ``keys_ptr`` (int64 ``[num_rows, >= width]``, unit column stride; ``image_ptr`` the same
     memory as int32, whose odd elements are the keys' high words, little-endian), compacted in
@@ -93,17 +93,19 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
             n = _count(image >= cand)
             v = tl.where(n >= selected, cand, v)
             at_v = tl.where(n >= selected, n, at_v)
-        # Ties at v beyond the K-th: keep the lowest ids. last = the id of the need-th tie (the
-        # largest c with #(tie & col < c) < need), again bit by bit; skipped when every pool at
-        # v is selected (at_v == selected: no tie crosses the K-th place).
-        last = v * 0 + (NT * T)
+        # Ties at v beyond the K-th: keep the largest low words (0xFFFFFFFF - pool: the lowest
+        # ids), as many as need. u = the largest int32 with #(tie & low >= u) >= need, low being
+        # the low word with its sign bit flipped (unsigned order as signed), bit by bit again;
+        # skipped when every pool at v is selected (at_v == selected: no tie crosses the K-th place).
+        u = v * 0 + _INT32_MIN_C
         if at_v > selected:
             need = selected - _count(image > v)
             tie = (image == v) & (col < width)
-            last = v * 0
-            for b in range(0, LOG_BLOCK):
-                cand = last | (1 << (LOG_BLOCK - 1 - b))
-                last = tl.where(_count(tie & (col < cand)) < need, cand, last)
+            low = tl.load(image_row - 1 + 2 * col, mask=tie, other=0) ^ _INT32_MIN_C
+            u = tl.where(_count(tie & (low >= 0)) >= need, 0, _INT32_MIN_C)
+            for b in range(0, 31):
+                cand = u | (1 << (30 - b))
+                u = tl.where(_count(tie & (low >= cand)) >= need, cand, u)
         # Compaction (exactly `selected` lanes are chosen), CT rows of T at a time from the keys
         # just read (cache-resident): slot = the exclusive prefix count of the chosen lanes.
         done = v * 0
@@ -111,13 +113,16 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
             ccol = (r0 * CT + sub_row)[:, None] * T + lane[None, :]
             inside = ccol < width
             cimage = tl.load(image_row + 2 * ccol, mask=inside, other=_INT32_MIN_C)
-            chosen = inside & ((cimage > v) | ((cimage == v) & (ccol <= last)))
+            at = inside & (cimage == v)
+            clow = tl.load(image_row - 1 + 2 * ccol, mask=at, other=0) ^ _INT32_MIN_C
+            chosen = inside & ((cimage > v) | (at & (clow >= u)))
             per_row = int32_of(tl.sum(tl.where(chosen, 1, 0), axis=1))
             before = int32_of(tl.sum(tl.where(sub_row[None, :] < sub_row[:, None], per_row[None, :], 0), axis=1))
             within = tl.dot(_unit_operand(chosen, DOT_F32), upper, input_precision="ieee")   # exact small ints
             slot = done + before[:, None] + within.to(tl.int32)
             key = tl.load(keys_row + ccol, mask=chosen, other=0)
-            tl.store(work_ptr + tl.cast(i, tl.int64) * stride_work_t + slot, key, mask=chosen)
+            # (slot < selected: only keys that are not unique could choose more; never written past the row)
+            tl.store(work_ptr + tl.cast(i, tl.int64) * stride_work_t + slot, key, mask=chosen & (slot < selected))
             done = done + _count(chosen)
 
 
