@@ -44,7 +44,8 @@ AB_FLAGS = --baseline $(BASELINE) --candidate $(CANDIDATE) $(if $(DEVICE),--devi
            --suite $(SUITE) --size $(SIZE) $(if $(PROFILE),--profile $(PROFILE)) $(if $(SEED),--seed $(SEED)) \
            $(if $(REPORT),--report $(REPORT)) $(AB_EXTRA)
 BENCH_JSON ?=
-BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) $(if $(BENCH_JSON),--json $(BENCH_JSON))
+BENCH_COMPARE ?=
+BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) $(if $(BENCH_JSON),--json $(BENCH_JSON)) $(if $(BENCH_COMPARE),--compare $(BENCH_COMPARE))
 
 # ---- pytest knobs ---------------------------------------------------------
 # xdist flags are dropped automatically if pytest-xdist is missing

@@ -49,7 +49,7 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
             history columns only, ``W = K_tok``.
 
     Launches: compression, ring write, then per score chunk (one for scratch-sized batches)
-    the decode and the prefill score kernels and ``torch.topk``, then the expansion.
+    the decode and the prefill score kernels and the two top-k kernels, then the expansion.
 
     Returns:
         int32 ``[T, 1, W]`` token ids (``output_buffer[:T, :W]`` viewed as ``[T, 1, W]`` when given),
@@ -101,7 +101,8 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
                 cum_query_lens=cum_query_lens, seq_lens=seq_lens, block_table=block_table,
                 max_pool_seq_len=max_pool_seq_len, index_kpool=P, score_mode=score_mode,
                 row_start=row_start, num_rows=n, keys=scratch)
-            indexer_ops.select_topk(keys, selected, out=(top_keys[row_start:row_start + n], top_index[:n]))
+            indexer_ops.select_topk(keys, selected, out=top_keys[row_start:row_start + n], work=top_index,
+                                    cum_query_lens=cum_query_lens, row_start=row_start)
     indexer_ops.expand_indices(
         top_keys=top_keys, positions=positions, cum_query_lens=cum_query_lens, index_topk=index_topk,
         index_kpool=P, pack_tail=pack_tail, out=out, always_select_tail=always_select_tail)
@@ -110,7 +111,7 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
 
 def _allocate(device, T: int, W: int, selected: int, max_pool_seq_len: int, chunk_rows: int, output_buffer):
     """The top-k path's buffers: ``(out [T, >= W] int32, top_keys [T, selected] int64, top_index
-    [chunk_rows, selected] int64 (torch.topk's indices, unused), scratch [chunk_rows,
+    [chunk_rows, selected] int64 (the top-k's compaction rows, ``select_topk(work=)``), scratch [chunk_rows,
     max_pool_seq_len] int64 keys or None)`` with ``selected = min(K_pool, max_pool_seq_len)``
     (kpool-algorithm.md §4.4). Sizes are host ints (shapes), never device data.
 

@@ -200,6 +200,9 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
         if out_dir and (record or not res.ok):
             bundles[res.case_id] = write_failure_bundle(res, case, options, out_dir, console, env=env)
 
+    from . import compiles
+    compiles.install()
+    compiled_before = compiles.snapshot()
     t0 = time.perf_counter()
     if options.oracle == "hf":
         from .hf_run import hf_header
@@ -213,6 +216,8 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
     summary = report.print_results(df, wall_s=wall, console=console, failures_only=args.failures_only,
                                    all_rows=getattr(args, "all_rows", False))
     _print_certified(df, console)
+    console.print(escape(compiles.line(compiles.total([compiles.since(compiled_before)]
+                                                      + [getattr(r, "compiles", None) for r in results]))))
     if counts is not None:
         ids = df["case"].astype(str) + "[" + df["size"].astype(str) + "]" if len(df) else df.get("case")
         for part in sorted(set((parts or {}).values())) or ["cases"]:

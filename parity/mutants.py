@@ -86,8 +86,8 @@ MUTANTS = {
     # any step scored in one chunk: prefill-topk's chunk-2 (max_score_rows) catches it.
     "chunk-offset": (
         "indexer.py",
-        "out=(top_keys[row_start:row_start + n], top_index[:n])",
-        "out=(top_keys[:n], top_index[:n])",
+        "out=top_keys[row_start:row_start + n], work=top_index,",
+        "out=top_keys[:n], work=top_index,",
         "wrong-index"),
 }
 """``name -> (file relative to kpool/, exact old substring, new substring, expected verdict)``;

@@ -179,9 +179,14 @@ def _run_one(case, run_kwargs: dict):
     ``run_case`` raises, ``(worker, label, None, traceback text)``."""
     worker, label = _WORKER["index"], _WORKER["label"]
     try:
+        from . import compiles
         from .runner import run_case
         resolved = _warm_imports(str(_WORKER["device"]))
-        return worker, label, _to_host(run_case(case, device=resolved, **run_kwargs)), None
+        compiles.install()
+        before = compiles.snapshot()
+        result = _to_host(run_case(case, device=resolved, **run_kwargs))
+        result.compiles = compiles.since(before)        # this case's share of the worker's compilations
+        return worker, label, result, None
     except BaseException:   # returned, not raised: the parent names the worker and the case
         return worker, label, None, traceback.format_exc()
 

@@ -48,7 +48,8 @@ def _options(name):
     module = next(m for m in MODULES if hasattr(m, name))
     tree = ast.parse(inspect.getsource(module))
     (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-    names = {"_NO_SPECIALIZE": list(getattr(module, "_NO_SPECIALIZE", []))}
+    names = {"_NO_SPECIALIZE": list(getattr(module, "_NO_SPECIALIZE", [])),
+             "_CONFIG_RUNTIME": list(getattr(module, "_CONFIG_RUNTIME", []))}
     lists = {"do_not_specialize": set(), "do_not_specialize_on_alignment": set()}
     for deco in fn.decorator_list:
         for kw in getattr(deco, "keywords", []):
@@ -68,6 +69,8 @@ def test_only_intended_arguments_are_specialized(name):
     assert no_spec <= ints and no_align <= pointers, (no_spec - ints, no_align - pointers)
     assert ints - no_spec == SPECIALIZED_INTS[name]
     assert no_align == UNALIGNED_POINTERS[name]
+    if name.startswith("_score_"):   # heads, head dim, pool size: runtime, one variant per padded shape
+        assert {"H", "D", "P"} <= no_spec
 
 
 @pytest.mark.interpreter_ok

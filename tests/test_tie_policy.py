@@ -139,7 +139,7 @@ def test_real_kernel_breaking_exact_ties_toward_the_higher_id(monkeypatch, polic
 
     real_select = ki.select_topk
 
-    def ties_to_higher_id(keys, selected, out=None):
+    def ties_to_higher_id(keys, selected, out=None, **kwargs):
         # the fault: the low word keys the pool id itself (not inverted), so exact ties go to
         # the higher id
         n = keys.shape[1]
@@ -147,7 +147,7 @@ def test_real_kernel_breaking_exact_ties_toward_the_higher_id(monkeypatch, polic
         top = real_select(flipped, selected)
         fixed = (top & ~0xFFFFFFFF) | (0xFFFFFFFF - (top & 0xFFFFFFFF))
         if out is not None:
-            out[0].copy_(fixed)
+            out[:fixed.shape[0]].copy_(fixed)
         return fixed
 
     monkeypatch.setattr(ki, "select_topk", ties_to_higher_id)

@@ -176,7 +176,7 @@ def live_rows(rows, num_rows, cum_query_lens_ptr, num_requests):
 
 
 @triton.jit
-def visible_pools(pos, pools_of_req, P: tl.constexpr):
+def visible_pools(pos, pools_of_req, P):
     """Candidate pools of a row at position ``pos`` (kpool-algorithm.md §4.1):
     ``min((p + 1) // P, seq_lens[r])``. The kernels' own copy of the formula."""
     return tl.minimum((pos + 1) // P, pools_of_req)

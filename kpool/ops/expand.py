@@ -18,17 +18,18 @@ from ._portable import KEY_LOWEST_C
 
 # As in compress.py, runtime sizes and outer strides are in ``do_not_specialize`` so a stream of
 # batches does not compile one variant per "== 1" / "% 16" pattern, nor per 16-byte alignment of
-# a caller's output buffer; addressing only, same math.
+# a caller's output buffer; addressing only, same math. P is a runtime int too (one variant for
+# every pool size: issue 20, fewer compilations).
 
 
 @triton.jit(do_not_specialize=["num_rows", "width", "num_requests", "selected", "index_topk", "out_width",
-                                "stride_out_t", "stride_top_keys_t", "stride_top_keys_k"],
+                                "stride_out_t", "stride_top_keys_t", "stride_top_keys_k", "P"],
              do_not_specialize_on_alignment=["out_ptr"])
 def _expand_kernel(
     out_ptr, stride_out_t, num_rows, width,
     positions_ptr, cum_query_lens_ptr, num_requests, top_keys_ptr, stride_top_keys_t, stride_top_keys_k,
-    selected, index_topk, out_width,
-    P: tl.constexpr, PACK: tl.constexpr, TAIL: tl.constexpr,
+    selected, index_topk, out_width, P,
+    PACK: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):
     """``top_keys_ptr``: the int64 ``[T, selected]`` selected keys (:mod:`kpool.ops.topk`)."""
@@ -54,8 +55,9 @@ def _expand_kernel(
         high = (key >> 32).to(tl.int32)                              # the score's image
         pool = (0xFFFFFFFF - (key & 0xFFFFFFFF)).to(tl.int32)        # the inverted pool id
         val = tl.where(hist & (high > KEY_LOWEST_C), pool * P + (cols % P)[None, :], -1)
-        if TAIL and P > 1:
-            # Step 2, causal tail (§7): P-1 lanes at tail_col, overwriting history there.
+        if TAIL:
+            # Step 2, causal tail (§7): P-1 lanes at tail_col, overwriting history there (none
+            # when P = 1: tail_count is 0 and no lane is in [0, P - 1)).
             tail_start = ((pos + 1) // P) * P
             tail_count = pos + 1 - tail_start
             if PACK:

@@ -31,7 +31,7 @@ def merged_needs_exact(key_tile, nonfinite_ptrs, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def merged_exact(qbar_ptrs, cache_ptr, cells, load_ok, stride_cache_d, D: tl.constexpr, DOT_F32: tl.constexpr):
+def merged_exact(qbar_ptrs, cache_ptr, cells, load_ok, stride_cache_d, D, DOT_F32: tl.constexpr):
     """Mode (M) scores in the reference's own order (kpool-algorithm.md §11): ``sum_d qbar[d] *
     c[d]`` sequentially over d from 0.0 (``qbar_ptrs`` and ``cells`` broadcast to the tile's
     shape): bit for bit ``reference.numerics.pool_scores``, NaN and infinities included."""

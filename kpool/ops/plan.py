@@ -69,6 +69,18 @@ TUNING: Dict[str, Dict[str, dict]] = {
     "merge_heads": {"cuda": dict(BLOCK_ROWS=4, per_core=8, num_warps=4),
                     "npu": dict(BLOCK_ROWS=4, per_core=1),
                     "cpu": dict(BLOCK_ROWS=64, cap=4)},
+    # Exact top-k (kpool.ops.topk): a row of at most NT_MAX * T pools sits in registers as an
+    # [NT, T] tile (NT in {NT_MIN, NT_MAX} on compiled backends: two shapes); the K selected are
+    # ordered in chunks of CHUNK rows x KP columns (KP from KP_SIZES). Wider rows / larger K fall
+    # back to torch.topk on the keys (the same result).
+    # max_rows: above it torch.topk is faster on the H200 (2048 x 16384: 1.09 ms vs 0.99 ms; 256
+    # rows: 0.15 vs 0.21 ms), so a chunk of more rows falls back (docs/kernels.md).
+    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2, max_rows=1024),
+                    "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1),
+                    "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT)},
+    "topk_order": {"cuda": dict(KP_SIZES=(128, 512, 2048), lanes=16384, per_core=8, num_warps=4),
+                   "npu": dict(KP_SIZES=(128, 512, 1024), lanes=8192, per_core=1),
+                   "cpu": dict(KP_SIZES=(), lanes=2 ** 20, cap=GRID_LIMIT)},
     "expand": {"cuda": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=8, num_warps=4),
                "npu": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=1),
                "cpu": dict(BLOCK_ROWS=16, BLOCK_COLS=256, cap=GRID_LIMIT)},
@@ -317,6 +329,39 @@ def expand_plan(num_rows: int, width: int, device, launch_options=None,
     tiles = cdiv(num_rows, tune["BLOCK_ROWS"]) * cdiv(width, tune["BLOCK_COLS"])
     return _make("expand", tiles, backend, device,
                  dict(BLOCK_ROWS=tune["BLOCK_ROWS"], BLOCK_COLS=tune["BLOCK_COLS"]), launch_options, cores)
+
+
+def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=None,
+               cores: Optional[int] = None):
+    """The two launches of the exact top-k (:mod:`kpool.ops.topk`) of ``num_rows`` rows of
+    ``width`` keys, ``selected`` kept, or ``None`` when the shape is outside the kernels' tiles
+    (the caller then uses ``torch.topk`` on the keys: the same result).
+
+    ``topk_select``: one row per tile, held as an ``[NT, T]`` register tile (``NT * T >= width``;
+    compiled backends use ``T`` fixed and ``NT`` in ``{NT_MIN, NT_MAX}``, so two shapes cover
+    every width; the interpreter shrinks both to the row). ``topk_order``: tiles of (row,
+    ``CHUNK`` selected keys) ranked against all ``KP >= selected`` keys of the row."""
+    backend = backend_of(device)
+    sel, order = TUNING["topk_select"][backend], TUNING["topk_order"][backend]
+    if backend == "cpu":
+        t = max(MIN_DOT, min(128, next_pow2(cdiv(max(width, 1), MIN_DOT))))
+        nt = max(sel["NT_MIN"], next_pow2(cdiv(width, t)))
+        kp = max(MIN_DOT, next_pow2(selected))
+    else:
+        t = sel["T"]
+        nt = sel["NT_MIN"] if width <= sel["NT_MIN"] * t else sel["NT_MAX"]
+        kp = next((k for k in order["KP_SIZES"] if k >= selected), None)
+    if nt > sel["NT_MAX"] or nt * t < width or kp is None or selected < 1 or num_rows > sel.get("max_rows", num_rows):
+        return None
+    chunk = max(1, min(kp, order["lanes"] // kp))
+    first = _make("topk_select", num_rows, backend, device,
+                  dict(NT=nt, T=t, CT=MIN_DOT, DOT_F32=backend == "cpu"),
+                  launch_options, cores)
+    if launch_options is None and backend == "cuda":   # a warp per 512 resident keys, 4..32: no spills
+        first = replace(first, options=dict(first.options, num_warps=max(4, min(32, nt * t // 512))))
+    second = _make("topk_order", num_rows * cdiv(selected, chunk), backend, device, dict(KP=kp, CHUNK=chunk),
+                   launch_options, cores)
+    return first, second
 
 
 def score_scratch_rows(max_pool_seq_len: int, scratch_bytes: int, max_score_rows: Optional[int] = None) -> int:

@@ -56,8 +56,12 @@ _NO_SPECIALIZE = ["q_offset", "stride_q_t", "stride_q_h", "stride_weights_t", "s
                   "stride_block_table_r", "stride_block_table_m", "block_table_width", "stride_keys_t", "row_start",
                   "num_rows", "max_pool_seq_len",
                   "stride_qbar_t"]
+_CONFIG_RUNTIME = ["H", "D", "P"]
+# Heads, head dim and pool size are runtime ints too (issue 20: fewer compilations): only their
+# padded tiles (HP, DP) and whether D fills DP (D_FULL: no channel mask, plain vector loads) are
+# compile-time, so every configuration with the same padded shape shares one variant.
 # Runtime sizes and outer strides are not specialized, so a stream of batches compiles one
-# variant per configuration (P, D, H, mode, weight dtype) and vector width only. q and the cache
+# variant per padded configuration (HP, DP, D_FULL, mode, weight dtype) and vector width only. q and the cache
 # arrive as their storage start (aligned by the allocator) with offsets and strides in units of
 # VQ / VC (``kpool.ops.plan.vector_view``): rows are provably VQ/VC-aligned, so the key and query
 # tiles load as 16-byte vectors although no stride is specialized. Addressing only, same math.
@@ -89,7 +93,7 @@ def _store_keys(key_ptrs, pools, key_hi, mask):
     tl.store(key_ptrs, key, mask=mask)
 
 
-@triton.jit(do_not_specialize=_NO_SPECIALIZE + ["num_segments"])
+@triton.jit(do_not_specialize=_NO_SPECIALIZE + ["num_segments"] + _CONFIG_RUNTIME)
 def _score_decode_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
     weights_ptr, stride_weights_t, stride_weights_h,
@@ -97,8 +101,8 @@ def _score_decode_kernel(
     positions_ptr, cum_query_lens_ptr, seq_lens_ptr, num_requests,
     block_table_ptr, stride_block_table_r, stride_block_table_m, block_table_width,
     keys_ptr, stride_keys_t,
-    row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, num_segments,
-    H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, MODE: tl.constexpr, W_BF16: tl.constexpr,
+    row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, num_segments, H, D, P,
+    MODE: tl.constexpr, W_BF16: tl.constexpr, D_FULL: tl.constexpr,
     WIDE: tl.constexpr, VQ: tl.constexpr, VC: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr,
     BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr,
 ):
@@ -143,8 +147,12 @@ def _score_decode_kernel(
                     cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset,
                                        stride_cache_n, stride_cache_b, stride_block_table_r, stride_block_table_m,
                                        block_table_width, WIDE, VC)
+                    if D_FULL:      # no channel mask: the key rows load as plain vectors
+                        key_mask = load_ok[:, None]
+                    else:
+                        key_mask = load_ok[:, None] & (dims < D)[None, :]
                     key_tile = load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d,
-                                                 load_ok[:, None] & (dims < D)[None, :], DOT_F32)  # [BLOCK_N, DP]
+                                                 key_mask, DOT_F32)  # [BLOCK_N, DP]
                     s = tl.dot(key_tile, q_t, input_precision="ieee")                       # [BLOCK_N, HP]
                     if MODE == 0:   # w * relu(s), bit for bit (see the prefill kernel)
                         term = tl.where(s < 0, (w * 0.0)[None, :], w[None, :] * s)
@@ -156,7 +164,7 @@ def _score_decode_kernel(
                     if MODE == 1:
                         if merged_needs_exact(key_tile, nonfinite_ptr + t + tl.arange(0, 1), DOT_F32):
                             score = merged_exact(qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr, cells,
-                                                  load_ok, stride_cache_d, D, DOT_F32)
+                                                  load_ok, stride_cache_d, DP if D_FULL else D, DOT_F32)
                     _store_keys(key_row + pools, pools, score_key_hi(score, pools >= vis), pools < max_pool_seq_len)
 
 
@@ -199,7 +207,7 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, sea
 
 # The same runtime arguments as _score_decode_kernel up to nonfinite_ptr, deliberately: the
 # launcher passes one argument tuple to both kernels (a Triton kernel takes no struct).
-@triton.jit(do_not_specialize=_NO_SPECIALIZE + ["search_steps"])
+@triton.jit(do_not_specialize=_NO_SPECIALIZE + ["search_steps"] + _CONFIG_RUNTIME)
 def _score_prefill_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
     weights_ptr, stride_weights_t, stride_weights_h,
@@ -208,7 +216,7 @@ def _score_prefill_kernel(
     block_table_ptr, stride_block_table_r, stride_block_table_m, block_table_width,
     keys_ptr, stride_keys_t,
     row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, block_ends_ptr, search_steps,
-    H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, MODE: tl.constexpr, W_BF16: tl.constexpr,
+    H, D, P, MODE: tl.constexpr, W_BF16: tl.constexpr, D_FULL: tl.constexpr,
     WIDE: tl.constexpr, VQ: tl.constexpr, VC: tl.constexpr, DP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr,
 ):
@@ -246,8 +254,12 @@ def _score_prefill_kernel(
             cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset,
                                stride_cache_n, stride_cache_b, stride_block_table_r, stride_block_table_m,
                                block_table_width, WIDE, VC)
+            if D_FULL:
+                key_mask = load_ok[None, :]
+            else:
+                key_mask = (dims < D)[:, None] & load_ok[None, :]
             key_t = load_bf16_operand(cache_ptr + cells[None, :] + dims[:, None] * stride_cache_d,
-                                      (dims < D)[:, None] & load_ok[None, :], DOT_F32)   # [DP, BLOCK_N]
+                                      key_mask, DOT_F32)   # [DP, BLOCK_N]
             # Rows past the request read its last row (address legality; their results are never
             # stored), so the query loads need no row mask and pipeline as plain vectors.
             local = tl.minimum(offs_m, q_hi - 1 - row0).to(tl.int64)
@@ -255,8 +267,8 @@ def _score_prefill_kernel(
                       + dims[None, :] * stride_q_d)
             w_ptrs = weights_ptr + (row0 + local) * stride_weights_t
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for h in range(H):
-                if D == DP:
+            for h in range(3 if MODE == 1 else H):     # mode (M): qbar's three parts (a constant trip count)
+                if D_FULL:
                     q_h = load_bf16_operand(q_ptrs + h * (stride_q_h * VQ), None, DOT_F32)   # [BLOCK_M, DP]
                 else:
                     q_h = load_bf16_operand(q_ptrs + h * (stride_q_h * VQ), (dims < D)[None, :], DOT_F32)
@@ -272,7 +284,7 @@ def _score_prefill_kernel(
             if MODE == 1:
                 if merged_needs_exact(key_t, nonfinite_ptr + row0 + local, DOT_F32):
                     acc = merged_exact(qbar_ptr + (row0 + local)[:, None] * stride_qbar_t, cache_ptr,
-                                        cells[None, :], load_ok[None, :], stride_cache_d, D, DOT_F32)
+                                        cells[None, :], load_ok[None, :], stride_cache_d, DP if D_FULL else D, DOT_F32)
             key_ptrs = (keys_ptr + (row0 - row_start).to(tl.int64) * stride_keys_t + offs_m[:, None] * stride_keys_t
                         + pools[None, :])
             _store_keys(key_ptrs, pools[None, :], score_key_hi(acc, pools[None, :] >= vis[:, None]),
@@ -369,7 +381,7 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
     cache_base, cache_offset, (stride_cache_n, stride_cache_b), vc = launch_plan.vector_view(
         cache_arg, (compressed_cache.stride(0), compressed_cache.stride(1)), 8)
     common = dict(H=H, D=D, P=int(index_kpool), MODE=SCORE_MODES[score_mode], W_BF16=w_bf16,
-                  WIDE=span >= 2 ** 31, VQ=vq, VC=vc)
+                  D_FULL=D == decode.constexprs["DP"], WIDE=span >= 2 ** 31, VQ=vq, VC=vc)
     args = (q_base, q_offset, stride_q_t, stride_q_h, q.stride(2), w_arg, weights.stride(0), weights.stride(1),
             cache_base, cache_offset, stride_cache_n, stride_cache_b, compressed_cache.stride(3), N, B,
             positions, cum_query_lens, seq_lens, R,

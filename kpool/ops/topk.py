@@ -1,14 +1,32 @@
-"""Exact canonical top-k without a full sort (kpool-algorithm.md §4.4, §11; parity-contract.md §2).
+"""Exact canonical top-k at memory speed (kpool-algorithm.md §4.4, §11; parity-contract.md §2).
 
 The score kernels (:mod:`kpool.ops.score`) store one int64 key per pool: high word the
 order-preserving int32 image of the sanitized fp32 score (``-0.0`` folded into ``+0.0``), low
 word ``0xFFFFFFFF - pool`` (stored as ``-1 - pool``). Keys of a row are unique, and key order is
 the canonical order: descending score, ties to the lower pool id, LOWEST (invalid) last. So the
 ``selected`` largest keys, in descending key order, are exactly what a stable descending sort
-of the scores puts first, bit for bit, whatever algorithm finds them. :func:`select_topk` uses
-``torch.topk`` on the keys (no Triton ``tl.sort``/``tl.topk``: not in the portable subset,
-platform-numerics.md §6.1); the expansion kernel reads the pool id and the validity back from
-the selected keys.
+of the scores puts first, bit for bit, whatever algorithm finds them.
+
+:func:`select_topk` finds them with two portable Triton launches (no ``tl.sort``/``tl.topk``,
+no atomics, no histogram op: platform-numerics.md §6.1), only integer compares, exact integer
+``tl.sum`` counts and one 0/1 ``tl.dot`` (exact):
+
+1. :func:`_select_kernel`, one row per tile, the row's 32-bit images held in registers (a 1-D
+   block of ``NT * T``, read once): a bitwise binary search for the K-th largest image ``v`` (32
+   counting passes over the registers), then the tie fix-up: of the keys whose image is ``v``
+   only the largest low words (``0xFFFFFFFF - pool``: the lowest ids) are kept, as many as
+   ``K - #(image > v)`` (a second bitwise search, over the low words; skipped when no tie crosses
+   the K-th place). So the kernel returns the K largest of any unique int64 keys. Exactly K lanes are chosen; a second read of the row (``CT x T`` tiles,
+   from the cache) stores each at its exclusive prefix count (within a ``T``-lane row: a 0/1
+   ``tl.dot`` with the strict upper-triangular ones, exact; across rows: integer masked sums),
+   i.e. compacted in pool order into a work row.
+2. :func:`_order_kernel`: each compacted key's rank is the number of the row's K keys above it
+   (keys are unique: a permutation); the key is stored at its rank.
+
+Rows past ``T_live = cum_query_lens[R - 1]`` (read on the device) are skipped; their output rows
+are left as they were (the expansion never reads them). A row wider than the plan's register
+tile, or a ``K`` above its largest ``KP`` (``kpool.ops.plan.topk_plans`` returns ``None``), falls
+back to ``torch.topk`` on the keys: the same result.
 
 The torch helpers (:func:`canonical_keys`, :func:`key_pool_ids`, :func:`key_scores`,
 :func:`key_valid`) are the host-side twins used by tests and by :func:`score_pools`.
@@ -16,34 +34,180 @@ The torch helpers (:func:`canonical_keys`, :func:`key_pool_ids`, :func:`key_scor
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-from ..errors import KPoolShapeError
-from ._portable import FLT_MAX, KEY_LOWEST, LOWEST
+from ..errors import KPoolDtypeError, KPoolShapeError
+from . import plan as launch_plan
+from ._portable import FLT_MAX, KEY_LOWEST, LOWEST, int32_of
 
 _INT32_MIN = -2 ** 31
+_INT32_MIN_C = tl.constexpr(_INT32_MIN)
 
 
-def select_topk(keys: torch.Tensor, selected: int, *, out=None) -> torch.Tensor:
+@triton.jit
+def _unit_operand(cond, DOT_F32: tl.constexpr):
+    """0/1 ``tl.dot`` operand of a bool block: fp32 under the interpreter (``DOT_F32``), else bf16
+    made from its bits (``0x3F80`` = 1.0; exact, no rounding)."""
+    if DOT_F32:
+        return tl.where(cond, 1.0, 0.0)
+    else:
+        return tl.where(cond, 0x3F80, 0).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _count(cond):
+    """Number of true lanes of a bool block (an exact int32 sum)."""
+    return int32_of(tl.sum(tl.where(cond, 1, 0)))
+
+
+@triton.jit(do_not_specialize=["stride_keys_t", "stride_work_t", "num_requests", "row_start", "num_rows", "width",
+                                "selected"])
+def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, cum_query_lens_ptr, num_requests,
+                   row_start, num_rows, width, selected,
+                   NT: tl.constexpr, T: tl.constexpr, CT: tl.constexpr, DOT_F32: tl.constexpr):
+    """Launch 1 of :func:`select_topk`: the ``selected`` largest keys of each live row of
+    ``keys_ptr`` (int64 ``[num_rows, >= width]``, unit column stride; ``image_ptr`` the same
+    memory as int32, whose odd elements are the keys' high words, little-endian), compacted in
+    pool order into ``work_ptr`` (int64 ``[num_rows, >= selected]``). Row ``i`` is batch row
+    ``row_start + i``; rows at or past ``T_live`` are skipped."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    col = tl.arange(0, NT * T)                                             # pool ids (1-D: one-level reductions)
+    lane = tl.arange(0, T)
+    sub_row = tl.arange(0, CT)
+    upper = _unit_operand(lane[:, None] < lane[None, :], DOT_F32)         # strict upper-triangular ones
+    live = tl.minimum(num_rows, tl.load(cum_query_lens_ptr + num_requests - 1) - row_start)
+    for i in range(pid, live, nprog):
+        keys_row = keys_ptr + tl.cast(i, tl.int64) * stride_keys_t
+        image_row = image_ptr + tl.cast(i, tl.int64) * (2 * stride_keys_t) + 1
+        # The row's images stay in registers for the counting passes (read once).
+        image = tl.load(image_row + 2 * col, mask=col < width, other=_INT32_MIN_C)
+        # v = the largest int32 with #(image >= v) >= selected, bit by bit from the sign bit;
+        # at_v = #(image >= v).
+        at_v = _count(image >= 0)
+        v = tl.where(at_v >= selected, 0, _INT32_MIN_C)
+        at_v = tl.where(at_v >= selected, at_v, width)
+        for b in range(0, 31):
+            cand = v | (1 << (30 - b))
+            n = _count(image >= cand)
+            v = tl.where(n >= selected, cand, v)
+            at_v = tl.where(n >= selected, n, at_v)
+        # Ties at v beyond the K-th: keep the largest low words (0xFFFFFFFF - pool: the lowest
+        # ids), as many as need. u = the largest int32 with #(tie & low >= u) >= need, low being
+        # the low word with its sign bit flipped (unsigned order as signed), bit by bit again;
+        # skipped when every pool at v is selected (at_v == selected: no tie crosses the K-th place).
+        u = v * 0 + _INT32_MIN_C
+        if at_v > selected:
+            need = selected - _count(image > v)
+            tie = (image == v) & (col < width)
+            # INT32_MIN off the ties: never counted, since every candidate is above it
+            low = tl.where(tie, tl.load(image_row - 1 + 2 * col, mask=tie, other=0) ^ _INT32_MIN_C, _INT32_MIN_C)
+            u = tl.where(_count(low >= 0) >= need, 0, _INT32_MIN_C)
+            for b in range(0, 31):
+                cand = u | (1 << (30 - b))
+                u = tl.where(_count(low >= cand) >= need, cand, u)
+        # Compaction (exactly `selected` lanes are chosen), CT rows of T at a time from the keys
+        # just read (cache-resident): slot = the exclusive prefix count of the chosen lanes.
+        done = v * 0
+        for r0 in range(0, tl.cdiv(width, CT * T)):
+            ccol = (r0 * CT + sub_row)[:, None] * T + lane[None, :]
+            inside = ccol < width
+            cimage = tl.load(image_row + 2 * ccol, mask=inside, other=_INT32_MIN_C)
+            at = inside & (cimage == v)
+            clow = tl.load(image_row - 1 + 2 * ccol, mask=at, other=0) ^ _INT32_MIN_C
+            chosen = inside & ((cimage > v) | (at & (clow >= u)))
+            per_row = int32_of(tl.sum(tl.where(chosen, 1, 0), axis=1))
+            before = int32_of(tl.sum(tl.where(sub_row[None, :] < sub_row[:, None], per_row[None, :], 0), axis=1))
+            within = tl.dot(_unit_operand(chosen, DOT_F32), upper, input_precision="ieee")   # exact small ints
+            slot = done + before[:, None] + within.to(tl.int32)
+            key = tl.load(keys_row + ccol, mask=chosen, other=0)
+            # (slot < selected: only keys that are not unique could choose more; never written past the row)
+            tl.store(work_ptr + tl.cast(i, tl.int64) * stride_work_t + slot, key, mask=chosen & (slot < selected))
+            done = done + _count(chosen)
+
+
+@triton.jit(do_not_specialize=["stride_work_t", "stride_out_t", "num_requests", "row_start", "num_rows",
+                                "selected"])
+def _order_kernel(work_ptr, stride_work_t, out_ptr, stride_out_t, cum_query_lens_ptr, num_requests,
+                  row_start, num_rows, selected, KP: tl.constexpr, CHUNK: tl.constexpr):
+    """Launch 2 of :func:`select_topk`: each of a row's ``selected`` compacted keys goes to
+    ``out_ptr`` (int64 ``[num_rows, >= selected]``) at its rank, the number of the row's keys
+    above it (keys are unique). Tile = (live row, ``CHUNK`` of its keys)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    every = tl.arange(0, KP)
+    local = tl.arange(0, CHUNK)
+    live = tl.minimum(num_rows, tl.load(cum_query_lens_ptr + num_requests - 1) - row_start)
+    chunks = tl.cdiv(selected, CHUNK)
+    for tile in range(pid, live * chunks, nprog):
+        i = tile // chunks
+        mine = (tile - i * chunks) * CHUNK + local
+        work = work_ptr + tl.cast(i, tl.int64) * stride_work_t
+        keys = tl.load(work + every, mask=every < selected, other=0)
+        key = tl.load(work + mine, mask=mine < selected, other=0)
+        rank = tl.sum(tl.where((every < selected)[None, :] & (keys[None, :] > key[:, None]), 1, 0), axis=1)
+        tl.store(out_ptr + tl.cast(i, tl.int64) * stride_out_t + int32_of(rank), key, mask=mine < selected)
+
+
+def select_topk(keys: torch.Tensor, selected: int, *, out=None, work=None, cum_query_lens=None, row_start: int = 0,
+                launch_options=None) -> torch.Tensor:
     """The ``selected`` largest keys of every row, in descending order: the canonical top-k.
 
     Args:
-        keys: int64 ``[rows, n]`` selection keys (unique per row).
+        keys: int64 ``[rows, n]`` selection keys (unique per row), unit column stride.
         selected: keys to keep, ``0 <= selected <= n`` (``min(K_pool, max_pool_seq_len)``).
-        out: optional ``(values int64 [rows, selected], indices int64 [rows, selected])``
-            buffers for ``torch.topk`` (the values are the result).
+        out: optional int64 ``[>= rows, selected]`` result buffer (unit column stride); rows
+            ``>= rows`` are untouched.
+        work: optional int64 ``[>= rows, >= selected]`` compaction buffer (unit column stride).
+        cum_query_lens: optional int32 ``[R]`` exclusive query ends: rows ``i`` with
+            ``row_start + i >= cum_query_lens[R - 1]`` (read on the device) are skipped and their
+            ``out`` rows left as they were; ``None``: every row is selected.
+        row_start: batch row of ``keys[0]`` (with ``cum_query_lens``).
+        launch_options: Triton launch kwargs; default from ``kpool.ops.plan``.
 
     Returns:
-        int64 ``[rows, selected]`` keys (``out[0]`` when given).
+        int64 ``[rows, selected]`` keys (``out[:rows]`` when given).
 
     Raises:
-        KPoolShapeError: ``keys`` not 2-D or ``selected`` outside ``[0, n]``.
+        KPoolShapeError: ``keys`` not 2-D, ``selected`` outside ``[0, n]``, or buffers too small.
+        KPoolDtypeError: keys or buffers not int64.
     """
     if keys.dim() != 2 or not 0 <= selected <= keys.shape[1]:
         raise KPoolShapeError(f"cannot select {selected} of keys {tuple(keys.shape)}")
+    rows, width = keys.shape
+    for name, buf in (("keys", keys), ("out", out), ("work", work)):
+        if buf is None:
+            continue
+        if buf.dtype != torch.int64:
+            raise KPoolDtypeError(f"select_topk {name} must be int64, got {buf.dtype}")
+        if name != "keys" and (buf.dim() != 2 or buf.shape[0] < rows or buf.shape[1] < selected):
+            raise KPoolShapeError(f"select_topk {name} {tuple(buf.shape)} cannot hold [{rows}, {selected}]")
+        if buf.numel() > 1 and buf.stride(1) != 1 and buf.shape[1] > 1:
+            raise KPoolShapeError(f"select_topk {name} needs a unit column stride, got {buf.stride()}")
     if out is None:
-        return torch.topk(keys, selected, dim=1, largest=True, sorted=True).values
-    torch.topk(keys, selected, dim=1, largest=True, sorted=True, out=out)
-    return out[0]
+        out = torch.empty((rows, selected), dtype=torch.int64, device=keys.device)
+    result = out[:rows, :selected]
+    if rows == 0 or selected == 0:
+        return result
+    plans = launch_plan.topk_plans(rows, width, selected, keys.device, launch_options)
+    if plans is None:     # outside the register tiles: the same keys, sorted (every row: no host read of T_live)
+        result.copy_(torch.topk(keys, selected, dim=1, largest=True, sorted=True).values)
+        return result
+    if work is None:
+        work = torch.empty((rows, selected), dtype=torch.int64, device=keys.device)
+    if cum_query_lens is None:
+        cum_query_lens, row_start = torch.full((1,), rows, dtype=torch.int32, device=keys.device), 0
+    cum_query_lens = cum_query_lens.contiguous()
+    R = int(cum_query_lens.shape[0])
+    if R == 0:                               # no request: no live row
+        return result
+    first, second = plans
+    _select_kernel[(first.grid,)](keys, keys.view(torch.int32), keys.stride(0), work, work.stride(0), cum_query_lens, R, row_start, rows,
+                                  width, selected, **first.constexprs, **first.options)
+    _order_kernel[(second.grid,)](work, work.stride(0), result, result.stride(0), cum_query_lens, R, row_start, rows,
+                                  selected, **second.constexprs, **second.options)
+    return result
 
 
 def canonical_keys(scores: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,132 @@
+"""The exact top-k kernels (``kpool.ops.topk``: bitwise select, tie fix-up, compaction, ranking)
+against the stable-sort definition (``reference.numerics.canonical_topk``, parity-contract.md §2)
+on adversarial rows, bit for bit: all equal, ``-0.0``/``+0.0``, LOWEST, dense near-ties, fewer
+valid pools than K, K = 1, K = width, widths at the register tile's edges. Runs on the resolved
+device (the CPU interpreter by default, ``--device cuda`` on the H200).
+"""
+import os
+
+os.environ.setdefault("KPOOL_DEVICE", "cpu")
+from kpool.platform import resolve_device, torch_device  # noqa: E402
+
+DEVICE = resolve_device()
+DEV = torch_device(DEVICE)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kpool.ops import plan  # noqa: E402
+from kpool.ops import topk  # noqa: E402
+from reference import numerics as rn  # noqa: E402
+
+pytestmark = pytest.mark.interpreter_ok
+LOWEST = torch.finfo(torch.float32).min
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+def _want(scores: torch.Tensor, selected: int) -> torch.Tensor:
+    """The canonical top-k keys by the stable-sort definition (sorted on the host)."""
+    every = torch.zeros(scores.shape[0], dtype=torch.int64) + scores.shape[1]
+    ids, _ = rn.canonical_topk(rn.sanitize_scores(scores, every), selected)
+    return topk.canonical_keys(scores).gather(1, ids)
+
+
+def _adversarial(n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    palette = torch.tensor([-1.0, 0.0, -0.0, 2.0, LOWEST, FLT_MAX, float("inf"), float("-inf"), float("nan")])
+    rows = [palette[torch.randint(0, len(palette), (n,), generator=gen)]]
+    rows.append(torch.full((n,), 1.5))                                         # all equal
+    rows.append(torch.where(torch.arange(n) % 2 == 0, 0.0, -0.0))             # -0.0 / +0.0 tie
+    rows.append(torch.full((n,), LOWEST))                                      # nothing valid
+    one = torch.tensor(1.0).view(torch.int32)
+    rows.append((one + torch.arange(n, dtype=torch.int32) % 3).view(torch.float32))   # dense near-ties
+    sparse = torch.full((n,), LOWEST)
+    sparse[torch.randperm(n, generator=gen)[:3]] = 0.25                        # fewer valid than K
+    rows.append(sparse)
+    rows.append(-torch.ones(n).cumsum(0))                                      # strictly decreasing
+    rows.append(torch.ones(n).cumsum(0))                                       # strictly increasing
+    rows.append(torch.randn(n, generator=gen))
+    rows.append(torch.randint(-2, 3, (n,), generator=gen).float())            # many ties at every value
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("n", [1, 16, 23, 257, 2100])
+def test_select_topk_kernel_equals_the_stable_sort(n):
+    scores = _adversarial(n, n)
+    keys = topk.canonical_keys(scores)
+    for selected in sorted({1, min(5, n), n // 2 or 1, n}):
+        got = topk.select_topk(keys.to(DEV), selected).cpu()
+        assert torch.equal(got, _want(scores, selected)), (n, selected)
+
+
+@pytest.mark.parametrize("n", [40, 700])
+def test_any_unique_keys_give_torch_topk(n):
+    """Keys that are not canonical (the low word any value, not ``-1 - pool``; few high words, so
+    ties cross the K-th place): still the K largest, in descending order, as ``torch.topk``."""
+    gen = torch.Generator().manual_seed(n)
+    hi = torch.randint(-3, 3, (5, n), generator=gen)
+    low = torch.stack([torch.randperm(2 ** 20, generator=gen)[:n] * 4093 for _ in range(5)])   # unique per row
+    keys = (hi << 32) | (low & 0xFFFFFFFF)
+    keys[0] = (keys[0] & 0xFFFFFFFF) | (7 << 32)                   # one high word: the low words decide all
+    for selected in (1, 3, n // 3, n):
+        got = topk.select_topk(keys.to(DEV), selected).cpu()
+        assert torch.equal(got, torch.topk(keys, selected, dim=1).values), selected
+
+
+def test_live_rows_only_and_buffers_given():
+    """Rows at or past T_live (read on the device) are left as they were; the result lands in the
+    given ``out`` rows, compacted through the given ``work`` rows."""
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randint(-3, 4, (6, 40), generator=gen).float()
+    keys = topk.canonical_keys(scores).to(DEV)
+    out = torch.full((6, 9), 123, dtype=torch.int64, device=DEV)
+    work = torch.empty((6, 12), dtype=torch.int64, device=DEV)
+    cum = torch.tensor([1, 4, 5], dtype=torch.int32, device=DEV)   # T_live = 5: batch rows 2..4 live
+    topk.select_topk(keys[:4], 9, out=out[1:], work=work, cum_query_lens=cum, row_start=2)
+    want = _want(scores[:4], 9)
+    got = out.cpu()
+    assert torch.equal(got[1:4], want[:3])
+    assert (got[0] == 123).all() and (got[4:] == 123).all()
+
+
+@pytest.mark.parametrize("backend", ["cuda", "npu"], ids=["plan-for-cuda", "plan-for-npu"])
+def test_compiled_plans_use_few_shapes_and_fall_back_past_them(backend):
+    """Compiled backends: two select tiles and a fixed set of ranking widths cover every shape
+    (one compile each); rows wider than the largest tile, or K above the largest width, return
+    None (the caller's torch.topk fallback)."""
+    shapes = set()
+    tune = plan.TUNING["topk_select"][backend]
+    for width in (w for w in (1, 300, 2048, 2049, 4096, 9000, 16384) if w <= tune["NT_MAX"] * tune["T"]):
+        for selected in (1, 64, 512):
+            first, second = plan.topk_plans(64, width, min(selected, width), backend, cores=8)
+            shapes.add((tuple(sorted(first.constexprs.items())), tuple(sorted(second.constexprs.items()))))
+            assert first.constexprs["NT"] * first.constexprs["T"] >= width
+            assert second.constexprs["KP"] >= min(selected, width)
+    assert len({s[0] for s in shapes}) <= 2 and len({s[1] for s in shapes}) <= 2
+    assert plan.topk_plans(4, tune["NT_MAX"] * tune["T"] + 1, 8, backend, cores=8) is None
+    if tune.get("max_rows"):
+        assert plan.topk_plans(tune["max_rows"] + 1, 300, 8, backend, cores=8) is None
+        assert plan.topk_plans(tune["max_rows"], 300, 8, backend, cores=8) is not None
+    assert plan.topk_plans(4, 10 ** 4, plan.TUNING["topk_order"][backend]["KP_SIZES"][-1] + 1, backend,
+                           cores=8) is None
+
+
+def test_fallback_equals_the_kernel(monkeypatch):
+    """The torch.topk fallback (a shape outside the tiles) gives the kernel's keys."""
+    scores = _adversarial(40, 3)
+    keys = topk.canonical_keys(scores).to(DEV)
+    kernel = topk.select_topk(keys, 11).cpu()
+    monkeypatch.setattr(plan, "topk_plans", lambda *a, **k: None)
+    assert torch.equal(topk.select_topk(keys, 11).cpu(), kernel)
+    assert torch.equal(kernel, _want(scores, 11))
+
+
+def test_bad_buffers_are_named_errors():
+    from kpool.errors import KPoolDtypeError, KPoolShapeError
+    keys = topk.canonical_keys(torch.zeros(2, 8)).to(DEV)
+    with pytest.raises(KPoolShapeError):
+        topk.select_topk(keys, 9)
+    with pytest.raises(KPoolShapeError):
+        topk.select_topk(keys, 4, out=torch.empty((1, 4), dtype=torch.int64, device=DEV))
+    with pytest.raises(KPoolDtypeError):
+        topk.select_topk(keys, 4, work=torch.empty((2, 4), dtype=torch.int32, device=DEV))
