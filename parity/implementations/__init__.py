@@ -12,7 +12,8 @@ an :class:`Implementation`:
 * ``mutant:NAME``: a planted fault (:mod:`parity.mutants`);
 * ``git:REV``: this repository's kernels at a git revision (:mod:`.git_rev`);
 * ``vllm-ascend:PATH``: vLLM-Ascend's two operators from a checkout (:mod:`.vllm_ascend`);
-* ``package.module:function``: any function with ``kpool.indexer.forward``'s signature.
+* ``package.module:function``: any function with ``kpool.indexer.forward``'s signature, or an
+  :class:`Implementation` object (declared semantics: tie policy, ``supports``...).
 
 Later kinds (a vendor checkout, a git revision of this repository) add a module here and call
 :func:`register_kind`; nothing else in the harness changes.
@@ -45,6 +46,12 @@ class Implementation:
         package: the importable package whose ``ops`` kernels :mod:`parity.programs` can
             localise (``"kpool"`` or a mutant copy), or ``None``.
         description: one line for ``python -m parity list``.
+        supports: the optional modes of :data:`parity.implementations.semantics.MODES` it has
+            (``"no-tail"``: ``always_select_tail=False``; ``"fixed-tail"``: ``pack_tail=False``;
+            ``"output-buffer"``: a caller ``output_buffer``), or ``None`` for every mode. A step
+            of any suite that needs another mode is reported ``unsupported`` ("unsupported by
+            IMPL": counted, never a crash or a failure, ignored by the exit status; the operator
+            is not called, :func:`parity.implementations.semantics.gated_by_modes`).
     """
 
     spec: str
@@ -55,6 +62,7 @@ class Implementation:
     interpreter_ok: bool = True
     package: Optional[str] = None
     description: str = ""
+    supports: Optional[frozenset] = None
 
     def with_semantics(self, **changes) -> "Implementation":
         """A copy with some declared semantics overridden (the CLI's ``--score-mode``,
@@ -122,9 +130,14 @@ def _mutant(spec: str, rest: str) -> Implementation:
 
 
 def _module_function(spec: str, rest: str) -> Implementation:
+    """``package.module:NAME``: a function with ``kpool.indexer.forward``'s signature (every
+    semantics the default), or an :class:`Implementation` object (its declared semantics, e.g. a
+    reduced ``supports``; the spec becomes ``spec``)."""
     module, name = rest.rsplit(":", 1)
-    fn = getattr(importlib.import_module(module), name)
-    return Implementation(spec, fn, description=f"{module}.{name}")
+    obj = getattr(importlib.import_module(module), name)
+    if isinstance(obj, Implementation):
+        return replace(obj, spec=spec, description=obj.description or f"{module}.{name}")
+    return Implementation(spec, obj, description=f"{module}.{name}")
 
 
 def _git_revision(spec: str, rest: str) -> Implementation:
