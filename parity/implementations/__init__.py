@@ -12,6 +12,7 @@ an :class:`Implementation`:
 * ``mutant:NAME``: a planted fault (:mod:`parity.mutants`);
 * ``git:REV``: this repository's kernels at a git revision (:mod:`.git_rev`);
 * ``vllm-ascend:PATH``: vLLM-Ascend's two operators from a checkout (:mod:`.vllm_ascend`);
+  ``vllm-ascend:PATH@REV``: from git revision REV of that checkout (:mod:`.checkout_rev`);
 * ``package.module:function``: any function with ``kpool.indexer.forward``'s signature, or an
   :class:`Implementation` object (declared semantics: tie policy, ``supports``...).
 
@@ -148,9 +149,11 @@ def _git_revision(spec: str, rest: str) -> Implementation:
 
 
 def _vllm_ascend(spec: str, rest: str) -> Implementation:
+    from .checkout_rev import resolve_checkout
     from .vllm_ascend import DECLARED, load
-    forward, description = load(rest)
-    return Implementation(spec, forward, description=description, **DECLARED)
+    path, at = resolve_checkout(rest)        # PATH@REV: a temporary worktree's copy (checkout_rev)
+    forward, description = load(path)
+    return Implementation(spec, forward, description=description + at, **DECLARED)
 
 
 def _builtin() -> None:
@@ -159,7 +162,7 @@ def _builtin() -> None:
         register_kind("mutant", "mutant:", _mutant, "mutant:NAME")
         register_kind("git", "git:", _git_revision, "git:REV")
         register_kind("vllm-ascend", "vllm-ascend:", _vllm_ascend,
-                      "vllm-ascend:PATH (a vLLM-Ascend checkout; empty: installed)")
+                      "vllm-ascend:PATH[@REV] (a vLLM-Ascend checkout, or git revision REV of it; empty: installed)")
 
 
 def usages() -> Tuple[str, ...]:
