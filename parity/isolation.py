@@ -141,10 +141,31 @@ def _public_task(forward, semantics, device, pc, package):
                                                 package=package)]
 
 
-TASKS = {"case": _case_task, "public": _public_task}
+def _generated_task(forward, semantics, device, kind, kwargs):
+    """Run one generated kind (:func:`parity.generated.driver.run_generated`) in the child; an
+    error that cannot be pickled back is replaced by a ``RuntimeError`` with its text."""
+    import pickle
+
+    from .generated.driver import run_generated
+    out = run_generated(kind, device=device, kernel_forward=forward, semantics=semantics, **kwargs)
+    try:
+        pickle.dumps(out.error)
+    except Exception:
+        out.error = RuntimeError(f"{type(out.error).__name__}: {out.error}")
+    return out
+
+
+TASKS = {"case": _case_task, "public": _public_task, "generated": _generated_task}
 
 
 # --------------------------------------------------------------------------- parent side
+
+class WorkerDied(RuntimeError):
+    """The child process died (signal, abort, exit) while running a generated kind."""
+
+    failure_kind = "crash"
+    """:func:`parity.generated.driver.failure_kind` of this error."""
+
 
 class HarnessError(RuntimeError):
     """The harness (not the implementation) raised in the child; the message has its traceback."""
@@ -237,6 +258,20 @@ class CaseWorker:
         stub = SimpleNamespace(name=f"{pc.cid}:crash", size=PUBLIC_SIZE, case_id=f"{pc.cid}:crash[{PUBLIC_SIZE}]",
                                steps=[])
         return [crash_result(stub, value, step=None, call=int(self._calls.value), spec=self.spec)]
+
+    def run_generated(self, kind: str, kwargs: dict):
+        """:func:`parity.generated.driver.run_generated` of ``kind`` in the child (``kwargs``: its
+        keyword arguments but ``device``, ``kernel_forward`` and ``semantics``); when the child
+        died, a failed :class:`parity.generated.driver.GeneratedOutcome` whose error
+        (:class:`WorkerDied`) says how, after how many kernel calls."""
+        status, value = self._submit("generated", (kind, kwargs))
+        if status == "ok":
+            return value
+        from .generated.driver import GeneratedOutcome
+        profile = getattr(kwargs.get("profile"), "name", "")
+        return GeneratedOutcome(kind, profile, error=WorkerDied(
+            f"the process running {self.spec} died during the generated {kind} cases, kernel call "
+            f"{int(self._calls.value)}: {value}"))
 
     def close(self) -> None:
         """Shut the child down and remove the fault logs."""
