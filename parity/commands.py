@@ -65,6 +65,11 @@ def add_run_options(parser) -> None:
     parser.add_argument("--interp-rne", action="store_true",
                         help="under the CPU interpreter, round fp32->bf16 casts and stores to nearest even as the "
                              "hardware does (the interpreter truncates; docs/interpreter-rne.md)")
+    from .implementations.semantics import MODES
+    parser.add_argument("--supports", nargs="+", default=None, choices=MODES + ("all",), metavar="MODE",
+                        help="the optional modes the implementation has (" + ", ".join(MODES) + ", or all); a step "
+                             "needing another is reported 'unsupported by IMPL' (counted, not a failure); default: "
+                             "the implementation's declared modes")
     from .isolation import ISOLATE_CHOICES
     parser.add_argument("--isolate", default="auto", choices=ISOLATE_CHOICES,
                         help="run the implementation's cases in a child worker process, so that a crash (even a "
@@ -136,7 +141,7 @@ def run_semantics(args):
     from .implementations.semantics import resolve_semantics
     return resolve_semantics(resolve(args.kernel), score_mode=getattr(args, "score_mode", None),
                              ties=getattr(args, "ties", None), validate_with=getattr(args, "validate_with", None),
-                             interp_rne=getattr(args, "interp_rne", False))
+                             interp_rne=getattr(args, "interp_rne", False), supports=getattr(args, "supports", None))
 
 
 def relations_text(options) -> str:

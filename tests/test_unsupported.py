@@ -127,3 +127,10 @@ def test_cli_reports_unsupported_steps_and_exits_0(tmp_path):
     assert root.get("skipped") == "3" and root.get("failures") == "0"
     assert len(root.findall(".//skipped[@message='unsupported by IMPL']")) == 3
     assert "3 unsupported by IMPL" in (tmp_path / "r" / "summary.md").read_text()
+
+
+def test_the_supports_flag_overrides_the_declared_modes():
+    no_modes = resolve("tests.standin_impls:no_modes")
+    assert resolve_semantics(no_modes).supports == ()
+    assert resolve_semantics(no_modes, supports=["all"]).supports is None
+    assert resolve_semantics(resolve("kpool"), supports=["no-tail"]).supports == ("no-tail",)

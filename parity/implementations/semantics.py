@@ -166,11 +166,13 @@ def from_options(options) -> RunSemantics:
 
 
 def resolve_semantics(implementation, *, score_mode: Optional[str] = None, ties: Optional[str] = None,
-                      validate_with: Optional[str] = None, interp_rne: bool = False) -> RunSemantics:
+                      validate_with: Optional[str] = None, interp_rne: bool = False,
+                      supports=None) -> RunSemantics:
     """Flags over the implementation's declared defaults: ``score_mode`` (else its declared mode,
     else per case), ``ties`` (else its ``tie_policy``), ``validate_with`` (``"none"`` = off; else
     ``kpool`` for an implementation that does not validate itself); the modes are the
-    implementation's ``supports`` (``None``: every mode).
+    implementation's ``supports`` (``None``: every mode), unless ``supports`` (``--supports``)
+    names them: a list of :data:`MODES`, or ``["all"]`` for every mode.
 
     Raises:
         ValueError: a value outside :data:`SCORE_MODES`, :data:`TIE_POLICIES`, :data:`VALIDATORS`.
@@ -185,9 +187,16 @@ def resolve_semantics(implementation, *, score_mode: Optional[str] = None, ties:
                         tie_policy=ties or implementation.tie_policy,
                         validate_with=None if validate_with == "none" else validate_with,
                         interp_rne=bool(interp_rne),
-                        supports=None if getattr(implementation, "supports", None) is None
-                        else tuple(sorted(check_modes(implementation.supports))),
+                        supports=_supports(implementation, supports),
                         implementation=getattr(implementation, "spec", ""))
+
+
+def _supports(implementation, flag) -> Optional[tuple]:
+    """The modes a run assumes: the ``--supports`` flag (``["all"]``: ``None``), else declared."""
+    if flag is not None:
+        return None if "all" in flag else tuple(sorted(check_modes(flag)))
+    declared = getattr(implementation, "supports", None)
+    return None if declared is None else tuple(sorted(check_modes(declared)))
 
 
 def with_score_mode(case, score_mode: Optional[str]):
