@@ -11,16 +11,12 @@ two worker starts); the abort test (integration) about 7 s.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from parity.isolation import CaseWorker, exit_text, should_isolate
+from tests.helpers import parity_cli as _cli
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEC = "tests.standin_impls:segfault_on_page_size_4"
 
 
@@ -38,11 +34,6 @@ def test_exit_text_names_the_signal():
     assert exit_text(-11) == "killed by signal SIGSEGV (11)" and exit_text(-6) == "killed by signal SIGABRT (6)"
     assert exit_text(3) == "exit code 3" and exit_text(None) == "exit status unknown"
 
-
-def _cli(*args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), KPOOL_DEVICE="cpu")
-    return subprocess.run([sys.executable, "-m", "parity", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.mark.integration

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from parity.implementations import resolve
 from parity.implementations.checkout_rev import checkout_at, split_spec
+from tests.helpers import parity_cli as _cli
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "vendor_standin" / "new"
@@ -89,11 +89,6 @@ def test_a_revision_loads_from_a_temporary_worktree_and_leaves_the_checkout_alon
     with pytest.raises(ValueError, match="nosuchrev"):
         resolve(f"vllm-ascend:{history}@nosuchrev")
 
-
-def _cli(*args, timeout=900):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), KPOOL_DEVICE="cpu")
-    return subprocess.run([sys.executable, "-m", "parity", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.mark.integration
