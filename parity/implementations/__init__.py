@@ -45,6 +45,11 @@ class Implementation:
         package: the importable package whose ``ops`` kernels :mod:`parity.programs` can
             localise (``"kpool"`` or a mutant copy), or ``None``.
         description: one line for ``python -m parity list``.
+        supports: the optional modes of :data:`parity.implementations.semantics.MODES` it has
+            (``"no-tail"``: ``always_select_tail=False``; ``"fixed-tail"``: ``pack_tail=False``;
+            ``"output-buffer"``: a caller ``output_buffer``), or ``None`` for every mode.
+        interp_rne: its fp32 -> bf16 casts round to nearest even on the hardware, so a run under
+            the interpreter emulates that (``--interp-rne``) unless ``--no-interp-rne`` is given.
     """
 
     spec: str
@@ -55,6 +60,8 @@ class Implementation:
     interpreter_ok: bool = True
     package: Optional[str] = None
     description: str = ""
+    supports: Optional[frozenset] = None
+    interp_rne: bool = False
 
     def with_semantics(self, **changes) -> "Implementation":
         """A copy with some declared semantics overridden (the CLI's ``--score-mode``,
@@ -135,9 +142,9 @@ def _git_revision(spec: str, rest: str) -> Implementation:
 
 
 def _vllm_ascend(spec: str, rest: str) -> Implementation:
-    from .vllm_ascend import DECLARED, load
+    from .vllm_ascend import declared, load
     forward, description = load(rest)
-    return Implementation(spec, forward, description=description, **DECLARED)
+    return Implementation(spec, forward, description=description, **declared(rest))
 
 
 def _builtin() -> None:
