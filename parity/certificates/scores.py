@@ -200,7 +200,6 @@ def _classify_infinite(q, w, keys, pools: np.ndarray, sb: ScoreBounds) -> None:
             sb.nan[j] = sb.dead[j] = True             # NaN in every order, never selectable
             continue
         a = _atoms(q, w, keys[j:j + 1])[0]
-        finite = np.isfinite(a)
         pos, neg = (a == np.inf).any(), (a == -np.inf).any()
         with np.errstate(invalid="ignore", over="ignore"):
             qc, wq = np.abs(keys[j][None, :] * q), np.abs(w[:, None] * q)
