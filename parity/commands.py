@@ -16,6 +16,7 @@ Exit status of ``run`` and ``record``: 0 every check passes, 1 at least one fail
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -62,9 +63,10 @@ def add_run_options(parser) -> None:
                         help="kpool: run kpool's validation before the operator (bad-input steps then test the "
                              "caller's validation, reported 'not validated by the operator'); none: the operator's "
                              "own; default: kpool for an implementation that does not validate, else none")
-    parser.add_argument("--interp-rne", action="store_true",
+    parser.add_argument("--interp-rne", action=argparse.BooleanOptionalAction, default=None,
                         help="under the CPU interpreter, round fp32->bf16 casts and stores to nearest even as the "
-                             "hardware does (the interpreter truncates; docs/interpreter-rne.md)")
+                             "hardware does (the interpreter truncates; docs/interpreter-rne.md); default: the "
+                             "implementation's declared rounding (on for vllm-ascend:PATH)")
     from .implementations.semantics import MODES
     parser.add_argument("--supports", nargs="+", default=None, choices=MODES + ("all",), metavar="MODE",
                         help="the optional modes the implementation has (" + ", ".join(MODES) + ", or all); a step "
@@ -141,7 +143,7 @@ def run_semantics(args):
     from .implementations.semantics import resolve_semantics
     return resolve_semantics(resolve(args.kernel), score_mode=getattr(args, "score_mode", None),
                              ties=getattr(args, "ties", None), validate_with=getattr(args, "validate_with", None),
-                             interp_rne=getattr(args, "interp_rne", False), supports=getattr(args, "supports", None))
+                             interp_rne=getattr(args, "interp_rne", None), supports=getattr(args, "supports", None))
 
 
 def relations_text(options) -> str:

@@ -53,6 +53,8 @@ class Implementation:
             of any suite that needs another mode is reported ``unsupported`` ("unsupported by
             IMPL": counted, never a crash or a failure, ignored by the exit status; the operator
             is not called, :func:`parity.implementations.semantics.gated_by_modes`).
+        interp_rne: its fp32 -> bf16 casts round to nearest even on the hardware, so a run under
+            the interpreter emulates that (``--interp-rne``) unless ``--no-interp-rne`` is given.
     """
 
     spec: str
@@ -64,6 +66,7 @@ class Implementation:
     package: Optional[str] = None
     description: str = ""
     supports: Optional[frozenset] = None
+    interp_rne: bool = False
 
     def with_semantics(self, **changes) -> "Implementation":
         """A copy with some declared semantics overridden (the CLI's ``--score-mode``,
@@ -150,10 +153,10 @@ def _git_revision(spec: str, rest: str) -> Implementation:
 
 def _vllm_ascend(spec: str, rest: str) -> Implementation:
     from .checkout_rev import resolve_checkout
-    from .vllm_ascend import DECLARED, load
+    from .vllm_ascend import declared, load
     path, at = resolve_checkout(rest)        # PATH@REV: a temporary worktree's copy (checkout_rev)
     forward, description = load(path)
-    return Implementation(spec, forward, description=description + at, **DECLARED)
+    return Implementation(spec, forward, description=description + at, **declared(path))
 
 
 def _builtin() -> None:

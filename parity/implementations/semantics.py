@@ -166,11 +166,12 @@ def from_options(options) -> RunSemantics:
 
 
 def resolve_semantics(implementation, *, score_mode: Optional[str] = None, ties: Optional[str] = None,
-                      validate_with: Optional[str] = None, interp_rne: bool = False,
+                      validate_with: Optional[str] = None, interp_rne: Optional[bool] = None,
                       supports=None) -> RunSemantics:
     """Flags over the implementation's declared defaults: ``score_mode`` (else its declared mode,
     else per case), ``ties`` (else its ``tie_policy``), ``validate_with`` (``"none"`` = off; else
-    ``kpool`` for an implementation that does not validate itself); the modes are the
+    ``kpool`` for an implementation that does not validate itself), ``interp_rne`` (``None``: its
+    declared ``interp_rne``); the modes are the
     implementation's ``supports`` (``None``: every mode), unless ``supports`` (``--supports``)
     names them: a list of :data:`MODES`, or ``["all"]`` for every mode.
 
@@ -186,7 +187,8 @@ def resolve_semantics(implementation, *, score_mode: Optional[str] = None, ties:
     return RunSemantics(score_mode=score_mode or implementation.score_mode,
                         tie_policy=ties or implementation.tie_policy,
                         validate_with=None if validate_with == "none" else validate_with,
-                        interp_rne=bool(interp_rne),
+                        interp_rne=bool(getattr(implementation, "interp_rne", False) if interp_rne is None
+                                        else interp_rne),
                         supports=_supports(implementation, supports),
                         implementation=getattr(implementation, "spec", ""))
 
