@@ -5,8 +5,9 @@ call, faulthandler trace) with its bundle, and the run reports every other case
 (this checkout's kernels; a read of address 0 through ctypes on the one small seed case with
 4-row pages, ``non-finite``).
 
-Costs (2-core CPU): unit tests < 0.1 s; the CLI test (integration) about 8 s (two small cases,
-two worker starts); the abort test (integration) about 7 s.
+Costs (2-core CPU, user time; wall time doubles under load): unit tests < 0.1 s; integration:
+the CLI run about 5 s (two small cases, two worker starts), the abort test about 5 s, ab with a
+segfaulting side about 5 s, the public + generated test about 5 s (two worker starts).
 """
 from __future__ import annotations
 
@@ -75,3 +76,17 @@ def test_ab_against_a_segfaulting_side_reports_the_crash():
                "--case", "non-finite", "--device", "cpu")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
     assert "differ" in out.stdout and "candidate 1 failures" in out.stdout
+
+
+@pytest.mark.integration
+def test_public_and_generated_runs_survive_a_segfault():
+    """A public case and a generated kind whose implementation segfaults at its first call: one
+    crash each, reported (not a dead run)."""
+    from cases.public import PUBLIC_CASES
+    from parity.implementations.semantics import RunSemantics
+    with CaseWorker("tests.standin_impls:segfault_always", RunSemantics(), "cpu") as worker:
+        (crashed,) = worker.public_results(PUBLIC_CASES["C07"], None)
+        gen = worker.run_generated("batch", {"examples": 1, "check_oracle": False})
+    assert crashed.case_id.startswith("C07:") and list(crashed.findings["verdict"]) == ["crash"]
+    assert "SIGSEGV" in crashed.findings["detail"].iloc[0]
+    assert gen.failure_kind == "crash" and "SIGSEGV" in str(gen.error)
