@@ -82,9 +82,21 @@ def _init_child(step, calls, fault_log: str) -> None:
     """Pool initializer: keep the shared progress counters and send ``faulthandler``'s trace of a
     fatal signal to ``fault_log`` (read by the parent after a crash)."""
     import faulthandler
+    _die_with_parent()
     _CHILD.update(step=step, calls=calls, forwards={})
     _CHILD["fault_file"] = open(fault_log, "w")
     faulthandler.enable(file=_CHILD["fault_file"], all_threads=False)
+
+
+def _die_with_parent() -> None:
+    """On Linux, ask for SIGKILL when the parent dies (a killed run leaves no worker computing on);
+    elsewhere nothing (the worker then ends after its current task)."""
+    try:
+        import ctypes
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def _forward(spec: str, semantics, device: str) -> Callable:
