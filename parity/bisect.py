@@ -45,6 +45,8 @@ def add_bisect_parser(sub) -> None:
     p.add_argument("good", metavar="GOOD", help="a revision whose outputs are the reference (e.g. a tag, HEAD~10)")
     p.add_argument("bad", metavar="BAD", help="a later revision whose outputs differ (e.g. HEAD)")
     p.add_argument("--case", nargs="+", required=True, metavar="NAME", help="the case(s) whose outputs are followed")
+    from .golden import _isolate_argument
+    _isolate_argument(p)
     p.add_argument("--kernel", default=None, metavar="vllm-ascend:PATH",
                    help="bisect the history of the vendor checkout at PATH instead of this repository: GOOD and "
                         "BAD are revisions of PATH's repository, each loaded as vllm-ascend:PATH@REV "
@@ -124,12 +126,13 @@ def bisect_main(args) -> int:
     print(f"bisect {args.case} over {good[:12]} (good) .. {bad[:12]} (bad) in {repo}; goldens at good in {golden}",
           flush=True)
     try:
-        rec = subprocess.run(py + ["golden", "record", golden, "--kernel", template.format(rev=good)] + _selection(args),
-                             cwd=work, env=env)
+        isolate = ["--isolate", getattr(args, "isolate", "auto")]
+        rec = subprocess.run(py + ["golden", "record", golden, "--kernel", template.format(rev=good)] + isolate
+                             + _selection(args), cwd=work, env=env)
         if rec.returncode != 0:
             return _usage(f"{prog}: error: recording the goldens at {args.good} failed (exit {rec.returncode})")
         chk = subprocess.run(py + ["golden", "check", golden, "--device", args.device, "--kernel",
-                                   template.format(rev=bad)], cwd=work, env=env)
+                                   template.format(rev=bad)] + isolate, cwd=work, env=env)
         if chk.returncode == 0:
             print(f"{args.bad} ({bad[:12]}): the outputs of {args.case} are identical to {args.good}'s: nothing to bisect")
             return EXIT_FAIL
@@ -148,7 +151,8 @@ def bisect_main(args) -> int:
 def _run_bisect(repo, good, bad, golden, work, env, args, template: str = "git:{rev}") -> int:
     _git(repo, "bisect", "start", "--no-checkout", bad, good)
     step = shlex.join([sys.executable, "-m", "parity.bisect", golden, "--device", args.device,
-                       "--log", os.path.join(work, "logs"), "--kernel-template", template])
+                       "--log", os.path.join(work, "logs"), "--kernel-template", template,
+                       "--isolate", getattr(args, "isolate", "auto")])
     run = subprocess.run(["git", "-C", repo, "bisect", "run", "sh", "-c", f"cd {shlex.quote(work)} && exec {step}"],
                          env=env, capture_output=True, text=True)
     text = run.stdout + run.stderr
@@ -200,12 +204,14 @@ def bisect_step(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--log", default=None)
     p.add_argument("--kernel-template", default="git:{rev}")
+    p.add_argument("--isolate", default="auto")
     a = p.parse_args(argv)
     console = Console(record=True, width=200)
     try:
         sha = resolve_revision("BISECT_HEAD")
         status = golden_main(argparse.Namespace(golden_command="check", dir=a.golden, device=a.device,
-                                                kernel=a.kernel_template.format(rev=sha)), console=console)
+                                                kernel=a.kernel_template.format(rev=sha), isolate=a.isolate),
+                             console=console)
     except Exception as exc:   # a revision that cannot be evaluated is skipped, not blamed
         print(f"cannot evaluate this revision: {type(exc).__name__}: {exc}", file=sys.stderr)
         return SKIP

@@ -7,8 +7,8 @@ step is neither a crash nor a failure, later steps still compare (the kernel sid
 reference's caches), and the reports count it. Stand-ins: :mod:`tests.standin_impls` (this
 checkout's kernels with a reduced ``supports``).
 
-Costs (2-core CPU): unit tests about 5 s together (three small seed cases in process); the CLI
-test (integration) about 8 s.
+Costs (2-core CPU): unit tests about 6 s together (three small seed cases and two bad-input
+cases in process); the CLI test (integration) about 6 s user time (one worker start).
 """
 from __future__ import annotations
 

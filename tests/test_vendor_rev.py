@@ -3,9 +3,10 @@
 ``tests/vendor_standin/new`` (no vendor code): base, a harmless commit, a planted change of the
 tail compression (the APE rows reversed), another harmless commit.
 
-Costs (2-core CPU): the unit tests about 3 s together (one load of a revision, no case run); the
-integration tests: ab about 8 s, bisect about 35 s (golden record + check + 2 bisect steps, each
-a fresh process).
+Costs (2-core CPU; user time, wall about twice that under load): the unit tests about 1 s
+together (loads of revisions, no case run); integration: ab about 10 s (one in process, one
+isolated: two worker starts), bisect about 17 s (golden record + check + 1-2 bisect steps, each
+a fresh process; ``--isolate off``).
 """
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def test_ab_between_revisions_of_a_vendor_checkout(history):
 def test_bisect_walks_the_vendor_history_to_the_planted_commit(history):
     before = _state(history)
     out = _cli("bisect", "HEAD~2", "HEAD", "--kernel", f"vllm-ascend:{history}", "--case", "decode-tail",
-               "--suite", "seed", "--size", "small", "--device", "cpu")
+               "--suite", "seed", "--size", "small", "--device", "cpu", "--isolate", "off")   # cheaper; isolation: ab
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
     planted = _git(history, "rev-parse", "HEAD~1")
     assert f"change: {planted}" in out.stdout and "planted" in out.stdout
