@@ -11,6 +11,7 @@ from cases.corpus import describe
 from cases.profiles import load_profile
 
 from ..coverage import Coverage
+from ..implementations.semantics import REFUSED
 from .driver import error_summary, run_generated
 from .warmup import warm_kernels
 
@@ -108,16 +109,21 @@ def _run_generated_suite(args, device: str, console, *, kinds, kernel_forward, c
         kw = dict(profile=prof, seed=seed, check_oracle=not args.no_oracle, corpus_dir=commands.candidates_dir(args),
                   corpus_info={"note": f"found by python -m parity run --suite generated ({prof.name})",
                                **_expectation(args.kernel)})
+        before = REFUSED[0]
         out = worker.run_generated(kind, kw) if worker is not None else \
             run_generated(kind, device=device, kernel_forward=kernel_forward, semantics=semantics, **kw)
+        refused = getattr(out, "unsupported_calls", REFUSED[0] - before)   # the worker counts its own
         total.merge(out.coverage)
         line = (f"  generated {kind}: {out.passed_examples} examples passed, {out.examples} run, "
-                f"{out.wall_s:.1f} s (compile {out.jit_s:.1f} s): ")
+                f"{out.wall_s:.1f} s (compile {out.jit_s:.1f} s)"
+                + (f", {refused} steps unsupported by IMPL (not asked, not failures)" if refused else "") + ": ")
         summary[kind] = {"passed_examples": out.passed_examples, "examples": out.examples, "wall_s": out.wall_s,
                          "ok": out.ok, "failure": out.failure_kind, "saved": str(out.saved) if out.saved else None,
                          "slow_examples": out.slow}
         lines.append(f"{kind} {out.passed_examples}/{out.examples} examples passed"
-                     + ("" if out.ok else f", FAILED ({out.failure_kind})"))
+                     + ("" if out.ok else f", FAILED ({out.failure_kind})")
+                     + (f", {refused} steps unsupported by IMPL" if refused else ""))
+        summary[kind]["unsupported_steps"] = refused
         if out.slow:
             console.print(escape(f"  note: {len(out.slow)} {kind} examples slower than {prof.slow_example_s:g} s "
                                  f"(a warning, not a failure): {out.slow[0]}"))

@@ -101,9 +101,15 @@ def gated_by_modes(forward: Callable, supports, implementation: str = "") -> Cal
     def gated(**kwargs):
         missing = modes_needed(kwargs) - supports
         if missing:
+            REFUSED[0] += 1
             raise UnsupportedModeError(missing, implementation)
         return forward(**kwargs)
     return gated
+
+
+REFUSED = [0]
+"""Forward calls refused by :func:`gated_by_modes` in this process so far (the generated suite,
+whose examples are not tabled, reports the calls refused during its run)."""
 
 
 def is_unsupported(exc: Optional[BaseException]) -> bool:
