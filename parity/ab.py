@@ -165,8 +165,13 @@ def _case_rows(sel, diffs) -> List[dict]:
 
 def _print_case(console, sel, diffs, ra, rb, all_steps: bool) -> None:
     from rich.markup import escape
+
+    from .findings import UNSUPPORTED
     ref = f"vs reference: baseline {len(ra.failures)}, candidate {len(rb.failures)} failures" + \
         (" (negative control)" if sel.must_fail else "")
+    skipped = [int((r.findings["verdict"] == UNSUPPORTED).sum()) if len(r.findings) else 0 for r in (ra, rb)]
+    if any(skipped):     # steps neither side's operator was asked (not compared)
+        ref += f"; unsupported by IMPL: baseline {skipped[0]}, candidate {skipped[1]} steps (not compared)"
     bad = {s: d for s, d in diffs.items() if d}
     status = "[green]identical[/]" if not bad else f"[red]{len(bad)} of {len(diffs)} steps differ[/]"
     console.print(f"  {escape(sel.suite)} {escape(sel.key)}: {len(diffs)} steps, {status}; {escape(ref)}")
