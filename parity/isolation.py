@@ -14,14 +14,16 @@ signal (``SIGSEGV``, ``SIGABRT``), the step that was running, the kernel call an
 cost is one process start per run plus one per crash, not one per case.
 
 When (:func:`should_isolate`, ``--isolate auto|on|off``): ``auto`` isolates implementations that
-are not this checkout's own (anything but ``kpool`` and ``mutant:NAME``: ``git:REV``,
-``vllm-ascend:PATH``, ``package.module:function``); a forward handed in as a Python callable
-(tests) cannot be sent to a child and runs in this process.
+are not this repository's own kernels (anything but ``kpool``, ``mutant:NAME`` and ``git:REV``:
+``vllm-ascend:PATH``, ``package.module:function``); ``on`` isolates every one. A forward handed in
+as a Python callable (tests) cannot be sent to a child and runs in this process.
 
 Importing this module imports neither torch nor any kernel.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import multiprocessing as mp
 import os
 import signal
@@ -35,8 +37,9 @@ ISOLATE_CHOICES = ("auto", "on", "off")
 """``--isolate`` values (module docstring)."""
 CRASH_OUTPUT = "process"
 """Output name of the finding of a case whose worker process died."""
-OWN_PREFIXES = ("mutant:",)
-"""Specs of this checkout's own kernels besides ``kpool`` (planted-fault copies of ``kpool``)."""
+OWN_PREFIXES = ("mutant:", "git:")
+"""Specs of this repository's own kernels besides ``kpool`` (planted-fault copies of ``kpool``,
+``kpool`` at a git revision): not isolated by ``auto``."""
 
 
 def should_isolate(spec: str, isolate: str = "auto", *, injected: bool = False) -> bool:
@@ -44,7 +47,7 @@ def should_isolate(spec: str, isolate: str = "auto", *, injected: bool = False) 
 
     Args:
         spec: the ``--kernel`` spec.
-        isolate: ``"auto"`` (not this checkout's own kernels), ``"on"``, ``"off"``.
+        isolate: ``"auto"`` (not this repository's own kernels), ``"on"``, ``"off"``.
         injected: the forward was handed in as a callable (never isolated: it cannot be sent).
     Raises:
         ValueError: ``isolate`` outside :data:`ISOLATE_CHOICES`.
@@ -92,20 +95,22 @@ def _forward(spec: str, semantics, device: str) -> Callable:
         from kpool.platform import resolve_device
         resolve_device(device)            # TRITON_INTERPRET before any kernel import (cpu)
         from .implementations import resolve
-        inner = semantics.forward(resolve(spec).forward)
+        raw = resolve(spec).forward
         calls = _CHILD["calls"]
 
         def counted(**kwargs):
             calls.value += 1
-            return inner(**kwargs)
-        counted.__wrapped__ = inner
-        _CHILD["forwards"][key] = counted
+            return raw(**kwargs)
+        counted.__wrapped__ = raw
+        _CHILD["forwards"][key] = semantics.forward(counted)
+        _CHILD["forwards"][(spec, None)] = counted          # unwrapped: run_captured wraps it itself
     return _CHILD["forwards"][key]
 
 
 def _child_task(fn_name: str, spec: str, semantics, device: str, payload: tuple):
     """Pool task: ``(result, None)`` or ``(None, traceback text)`` when the harness raised."""
     _CHILD["step"].value, _CHILD["calls"].value = -1, 0
+    _CHILD["spec"] = spec
     try:
         forward = _forward(spec, semantics, device)
         return TASKS[fn_name](forward, semantics, device, *payload), None
@@ -155,7 +160,23 @@ def _generated_task(forward, semantics, device, kind, kwargs):
     return out
 
 
-TASKS = {"case": _case_task, "public": _public_task, "generated": _generated_task}
+def _captured_task(forward, semantics, device, selected, checked: bool):
+    """:func:`parity.step_outputs.run_captured` of one :class:`parity.selection.Selected` in the
+    child (``checked``: its reference side is :func:`parity.checked_reference.checked_reference`,
+    rebuilt here: a closure cannot be sent)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from .checked_reference import checked_reference
+    from .parallel import _to_host
+    from .step_outputs import run_captured
+    raw = _CHILD["forwards"][(_CHILD["spec"], None)]
+    if checked:
+        selected = dataclasses.replace(selected, reference_forward=checked_reference())
+    return _to_host(run_captured(selected, SimpleNamespace(forward=raw), device, semantics))
+
+
+TASKS = {"case": _case_task, "public": _public_task, "generated": _generated_task, "captured": _captured_task}
 
 
 # --------------------------------------------------------------------------- parent side
@@ -273,6 +294,20 @@ class CaseWorker:
             f"the process running {self.spec} died during the generated {kind} cases, kernel call "
             f"{int(self._calls.value)}: {value}"))
 
+    def run_captured(self, selected):
+        """:func:`parity.step_outputs.run_captured` of ``selected`` in the child: ``(CaseResult,
+        {step: outputs})``, or ``(crash_result, {})`` when the child died (every step then
+        differs from the other side's: ``ab`` and ``golden check`` report it, nothing is lost)."""
+        import dataclasses
+        checked = selected.reference_forward is not None
+        payload = (dataclasses.replace(selected, reference_forward=None), checked)
+        status, value = self._submit("captured", payload)
+        if status == "ok":
+            return value
+        step = int(self._step.value)
+        return crash_result(selected.case, value, step=None if step < 0 else step, call=int(self._calls.value),
+                            spec=self.spec), {}
+
     def close(self) -> None:
         """Shut the child down and remove the fault logs."""
         if self._pool is not None:
@@ -300,3 +335,29 @@ def crash_result(case, detail: str, *, step: Optional[int], call: int, spec: str
                                   size=case.size, step=step, step_name=step_name)
     return CaseResult(case=case.name, size=case.size, case_id=case.case_id, findings=findings,
                       timings=pd.DataFrame([], columns=list(TIMING_COLUMNS)), steps_run=step or 0, wall_s=0.0)
+
+
+@contextlib.contextmanager
+def isolated_runners(implementations: Sequence, semantics: Sequence, device: str, isolate: str = "auto"):
+    """For ``ab`` / ``golden``: one ``fn(selected) -> (CaseResult, {step: outputs})`` per
+    implementation (:func:`parity.step_outputs.run_captured`), in a :class:`CaseWorker` when
+    :func:`should_isolate` says so, else in this process; the workers are closed on exit."""
+    from .step_outputs import run_captured
+    workers: List[CaseWorker] = []
+    runners = []
+    try:
+        for impl, sem in zip(implementations, semantics):
+            if should_isolate(impl.spec, isolate):
+                workers.append(CaseWorker(impl.spec, sem, device))
+                runners.append(workers[-1].run_captured)
+            else:
+                runners.append(functools.partial(_in_process, impl=impl, device=device, sem=sem,
+                                                 run_captured=run_captured))
+        yield runners
+    finally:
+        for w in workers:
+            w.close()
+
+
+def _in_process(selected, *, impl, device, sem, run_captured):
+    return run_captured(selected, impl, device, sem)

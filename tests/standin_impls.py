@@ -39,3 +39,8 @@ def segfault_on_page_size_4(**kwargs):
             os.abort()
         ctypes.string_at(0)
     return kpool_forward(**kwargs)
+
+
+def segfault_always(**kwargs):
+    """A forward whose every call kills the process with a segfault (ctypes read of address 0)."""
+    ctypes.string_at(0)

@@ -5,28 +5,25 @@ call, faulthandler trace) with its bundle, and the run reports every other case
 (this checkout's kernels; a read of address 0 through ctypes on the one small seed case with
 4-row pages, ``non-finite``).
 
-Costs (2-core CPU): unit tests < 0.1 s; the CLI test (integration) about 8 s (two small cases,
-two worker starts); the abort test (integration) about 7 s.
+Costs (2-core CPU, user time; wall time doubles under load): unit tests < 0.1 s; integration:
+the CLI run about 5 s (two small cases, two worker starts), the abort test about 5 s, ab with a
+segfaulting side about 5 s, the public + generated test about 5 s (two worker starts).
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from parity.isolation import CaseWorker, exit_text, should_isolate
+from tests.helpers import parity_cli as _cli
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEC = "tests.standin_impls:segfault_on_page_size_4"
 
 
 def test_which_implementations_are_isolated():
-    assert not should_isolate("kpool") and not should_isolate("mutant:ape-reversed")
-    for spec in ("vllm-ascend:../vllm-ascend", "git:HEAD~1", SPEC):
+    assert not should_isolate("kpool") and not should_isolate("mutant:ape-reversed") and not should_isolate("git:HEAD")
+    for spec in ("vllm-ascend:../vllm-ascend", SPEC):
         assert should_isolate(spec) and not should_isolate(spec, "off")
         assert not should_isolate(spec, injected=True)          # a callable cannot be sent to a child
     assert should_isolate("kpool", "on")
@@ -38,11 +35,6 @@ def test_exit_text_names_the_signal():
     assert exit_text(-11) == "killed by signal SIGSEGV (11)" and exit_text(-6) == "killed by signal SIGABRT (6)"
     assert exit_text(3) == "exit code 3" and exit_text(None) == "exit status unknown"
 
-
-def _cli(*args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), KPOOL_DEVICE="cpu")
-    return subprocess.run([sys.executable, "-m", "parity", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.mark.integration
@@ -76,3 +68,25 @@ def test_an_abort_is_a_crash_and_a_fresh_worker_takes_the_next_case(monkeypatch)
     assert first.ok and after.ok and after.steps_run == 3
     assert not crashed.ok and list(crashed.findings["verdict"]) == ["crash"]
     assert "SIGABRT" in crashed.findings["detail"].iloc[0] and crashed.first_divergent_step == 0
+
+
+@pytest.mark.integration
+def test_ab_against_a_segfaulting_side_reports_the_crash():
+    out = _cli("ab", "--baseline", "kpool", "--candidate", SPEC, "--suite", "seed", "--size", "small",
+               "--case", "non-finite", "--device", "cpu")
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "differ" in out.stdout and "candidate 1 failures" in out.stdout
+
+
+@pytest.mark.integration
+def test_public_and_generated_runs_survive_a_segfault():
+    """A public case and a generated kind whose implementation segfaults at its first call: one
+    crash each, reported (not a dead run)."""
+    from cases.public import PUBLIC_CASES
+    from parity.implementations.semantics import RunSemantics
+    with CaseWorker("tests.standin_impls:segfault_always", RunSemantics(), "cpu") as worker:
+        (crashed,) = worker.public_results(PUBLIC_CASES["C07"], None)
+        gen = worker.run_generated("batch", {"examples": 1, "check_oracle": False})
+    assert crashed.case_id.startswith("C07:") and list(crashed.findings["verdict"]) == ["crash"]
+    assert "SIGSEGV" in crashed.findings["detail"].iloc[0]
+    assert gen.failure_kind == "crash" and "SIGSEGV" in str(gen.error)

@@ -13,11 +13,7 @@ test (integration) about 8 s.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
@@ -26,8 +22,8 @@ from parity.implementations import resolve
 from parity.implementations.semantics import (RunSemantics, UnsupportedModeError, gated_by_modes, modes_needed,
                                               resolve_semantics)
 from parity.runner import run_case
+from tests.helpers import parity_cli as _cli
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _seed(name: str):
@@ -108,11 +104,6 @@ def test_the_harness_validation_rejects_every_bad_input_step_before_the_operator
     bad = res.findings[res.findings["step_name"].str.startswith("bad:") & (res.findings["output"] == "error")]
     assert len(bad) == len(case.steps) - 2 and bad["detail"].str.contains("not validated by the operator").all()
 
-
-def _cli(*args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), KPOOL_DEVICE="cpu")
-    return subprocess.run([sys.executable, "-m", "parity", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.mark.integration
