@@ -226,12 +226,6 @@ def describe(ops: Operators) -> Revision:
     return Revision(compress, "pack_tail" in indexer_params, "output_buffer" in indexer_params, used)
 
 
-def has_tail_slot_mapping(compress: Callable) -> bool:
-    """Whether a tail compression takes ``tail_slot_mapping`` (12 arguments) rather than
-    addressing the ring by ``tail_block_table[r, 0] * C + p % C`` itself (11 arguments)."""
-    return "tail_slot_mapping" in inspect.signature(compress).parameters
-
-
 def packed_from_fixed(rows, positions, index_topk: int, index_kpool: int):
     """§4.5's packed row from the fixed one: history columns ``[0, K_tok)`` kept, the tail's
     ``P - 1`` columns moved from ``K_tok`` to ``min(tail_start, K_tok)`` (overwriting what is
