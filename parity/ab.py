@@ -155,11 +155,12 @@ def _case_rows(sel, diffs) -> List[dict]:
         base = dict(suite=sel.suite, case=sel.key, step=step, step_name=name)
         if not found:
             rows.append({**base, "output": "*", "status": "identical", "count": 0, "where": "", "baseline": "",
-                         "candidate": "", "detail": ""})
+                         "candidate": "", "detail": "", "rows": ""})
         for d in found:
             rows.append({**base, "output": d.output, "status": "differs", "count": d.count,
                          "where": " ".join(f"{k}={v}" for k, v in (d.where or {}).items()), "baseline": d.a,
-                         "candidate": d.b, "detail": d.detail})
+                         "candidate": d.b, "detail": d.detail,
+                         "rows": "" if d.rows is None else " ".join(map(str, d.rows))})
     return rows
 
 
