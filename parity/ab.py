@@ -40,6 +40,8 @@ def add_ab_parser(sub) -> None:
     add_selection_arguments(p)
     p.add_argument("--all-steps", action="store_true", help="print a line for every step (default: differing ones)")
     p.add_argument("--report", metavar="DIR", help="write DIR/ab.csv: one row per case, step and output")
+    from .golden import _isolate_argument
+    _isolate_argument(p)
 
 
 def _resolve(spec: str, prog: str):
@@ -59,7 +61,6 @@ def ab_main(args, console=None) -> int:
 
     from .report import make_console
     from .selection import selected_cases
-    from .step_outputs import diff_steps, run_captured
     console = console or make_console()
     prog = "python -m parity ab"
     try:
@@ -86,14 +87,11 @@ def ab_main(args, console=None) -> int:
                          f"baseline {sems[0].text()}; candidate {sems[1].text()}"))
     rows: List[dict] = []
     failures = {"baseline": 0, "candidate": 0}
-    for sel in cases:
-        (ra, sa), (rb, sb) = (run_captured(sel, impl, device, sem) for impl, sem in zip(sides, sems))
-        if not sel.must_fail:
-            failures["baseline"] += len(ra.failures)
-            failures["candidate"] += len(rb.failures)
-        diffs = diff_steps(sa, sb, sel.case)
-        rows += _case_rows(sel, diffs)
-        _print_case(console, sel, diffs, ra, rb, args.all_steps)
+    from .isolation import isolated_runners
+    with isolated_runners(sides, sems, device, getattr(args, "isolate", "auto")) as runners:
+        for sel in cases:
+            (ra, sa), (rb, sb) = (run(sel) for run in runners)
+            _ab_case(sel, ra, sa, rb, sb, rows, failures, console, args)
     steps = {(r["case"], r["step"]) for r in rows}
     bad_steps = {(r["case"], r["step"]) for r in rows if r["status"] == "differs"}
     bad_cases = {c for c, _ in bad_steps}
@@ -112,6 +110,17 @@ def ab_main(args, console=None) -> int:
         return EXIT_FAIL
     console.print("[green]IDENTICAL[/]: every output of every step is bitwise equal")
     return EXIT_OK
+
+
+def _ab_case(sel, ra, sa, rb, sb, rows: List[dict], failures: dict, console, args) -> None:
+    """Count, diff and print one case of both sides (results ``ra``/``rb``, step outputs ``sa``/``sb``)."""
+    from .step_outputs import diff_steps
+    if not sel.must_fail:
+        failures["baseline"] += len(ra.failures)
+        failures["candidate"] += len(rb.failures)
+    diffs = diff_steps(sa, sb, sel.case)
+    rows += _case_rows(sel, diffs)
+    _print_case(console, sel, diffs, ra, rb, args.all_steps)
 
 
 def _shared_semantics(sides):
@@ -146,18 +155,24 @@ def _case_rows(sel, diffs) -> List[dict]:
         base = dict(suite=sel.suite, case=sel.key, step=step, step_name=name)
         if not found:
             rows.append({**base, "output": "*", "status": "identical", "count": 0, "where": "", "baseline": "",
-                         "candidate": "", "detail": ""})
+                         "candidate": "", "detail": "", "rows": ""})
         for d in found:
             rows.append({**base, "output": d.output, "status": "differs", "count": d.count,
                          "where": " ".join(f"{k}={v}" for k, v in (d.where or {}).items()), "baseline": d.a,
-                         "candidate": d.b, "detail": d.detail})
+                         "candidate": d.b, "detail": d.detail,
+                         "rows": "" if d.rows is None else " ".join(map(str, d.rows))})
     return rows
 
 
 def _print_case(console, sel, diffs, ra, rb, all_steps: bool) -> None:
     from rich.markup import escape
+
+    from .findings import UNSUPPORTED
     ref = f"vs reference: baseline {len(ra.failures)}, candidate {len(rb.failures)} failures" + \
         (" (negative control)" if sel.must_fail else "")
+    skipped = [int((r.findings["verdict"] == UNSUPPORTED).sum()) if len(r.findings) else 0 for r in (ra, rb)]
+    if any(skipped):     # steps neither side's operator was asked (not compared)
+        ref += f"; unsupported by IMPL: baseline {skipped[0]}, candidate {skipped[1]} steps (not compared)"
     bad = {s: d for s, d in diffs.items() if d}
     status = "[green]identical[/]" if not bad else f"[red]{len(bad)} of {len(diffs)} steps differ[/]"
     console.print(f"  {escape(sel.suite)} {escape(sel.key)}: {len(diffs)} steps, {status}; {escape(ref)}")

@@ -1,5 +1,7 @@
 """``python -m parity bisect GOOD BAD --case NAME``: the first revision of this repository whose
-kernels change a case's outputs (parity-contract.md §1, kernel vs kernel, bitwise).
+kernels change a case's outputs (parity-contract.md §1, kernel vs kernel, bitwise);
+``--kernel vllm-ascend:PATH``: the first revision of the vendor checkout at PATH whose operators
+change them (each revision loaded as ``vllm-ascend:PATH@SHA``, :mod:`parity.implementations.checkout_rev`).
 
 1. Refuse a dirty checkout (tracked changes) or a bisection already in progress.
 2. Record goldens of the case at GOOD (``golden record`` with ``--kernel git:GOOD``,
@@ -43,6 +45,12 @@ def add_bisect_parser(sub) -> None:
     p.add_argument("good", metavar="GOOD", help="a revision whose outputs are the reference (e.g. a tag, HEAD~10)")
     p.add_argument("bad", metavar="BAD", help="a later revision whose outputs differ (e.g. HEAD)")
     p.add_argument("--case", nargs="+", required=True, metavar="NAME", help="the case(s) whose outputs are followed")
+    from .golden import _isolate_argument
+    _isolate_argument(p)
+    p.add_argument("--kernel", default=None, metavar="vllm-ascend:PATH",
+                   help="bisect the history of the vendor checkout at PATH instead of this repository: GOOD and "
+                        "BAD are revisions of PATH's repository, each loaded as vllm-ascend:PATH@REV "
+                        "(default: this repository's kernels, git:REV)")
     p.add_argument("--suite", default="seed", choices=("corpus", "seed", "public"), help="the case's suite (default seed)")
     p.add_argument("--size", default="small", help="seed case size (default small)")
     p.add_argument("--seed", type=int, default=0, help="case seed offset (default 0)")
@@ -72,12 +80,36 @@ def _selection(args) -> List[str]:
             "--case", *args.case]
 
 
+def kernel_template(kernel: Optional[str]) -> tuple:
+    """``(repository, template)`` of a bisection: the repository whose history is walked and the
+    kernel spec of one of its revisions, ``template.format(rev=SHA)``: ``git:{rev}`` of this
+    repository (``kernel`` ``None``), or ``vllm-ascend:/abs/PATH@{rev}`` of the checkout at PATH.
+
+    Raises:
+        ValueError: another kind of spec, a PATH with ``@REV`` or not in a git repository.
+    """
+    from .implementations.checkout_rev import split_spec
+    from .implementations.git_rev import repository
+    if kernel is None or kernel.startswith("git:"):
+        return repository(), "git:{rev}"
+    prefix = "vllm-ascend:"
+    if not kernel.startswith(prefix) or not kernel[len(prefix):]:
+        raise ValueError(f"--kernel must be vllm-ascend:PATH (a vendor checkout whose history is bisected), got "
+                         f"{kernel!r}")
+    path, rev = split_spec(kernel[len(prefix):])
+    if rev is not None:
+        raise ValueError(f"--kernel {kernel!r}: give the checkout without @REV (GOOD and BAD are the revisions)")
+    path = os.path.abspath(os.path.expanduser(path))
+    return repository(path), prefix + path.replace("{", "{{").replace("}", "}}") + "@{rev}"
+
+
 def bisect_main(args) -> int:
-    """``python -m parity bisect GOOD BAD --case NAME``: as the module docstring says."""
-    from .implementations.git_rev import REPO_ENV, repository, resolve_revision
+    """``python -m parity bisect GOOD BAD --case NAME [--kernel vllm-ascend:PATH]``: as the module
+    docstring says."""
+    from .implementations.git_rev import REPO_ENV, resolve_revision
     prog = "python -m parity bisect"
     try:
-        repo = repository()
+        repo, template = kernel_template(getattr(args, "kernel", None))
         good, bad = resolve_revision(args.good, repo), resolve_revision(args.bad, repo)
     except ValueError as exc:
         return _usage(f"{prog}: error: {exc}")
@@ -94,19 +126,20 @@ def bisect_main(args) -> int:
     print(f"bisect {args.case} over {good[:12]} (good) .. {bad[:12]} (bad) in {repo}; goldens at good in {golden}",
           flush=True)
     try:
-        rec = subprocess.run(py + ["golden", "record", golden, "--kernel", f"git:{good}"] + _selection(args),
-                             cwd=work, env=env)
+        isolate = ["--isolate", getattr(args, "isolate", "auto")]
+        rec = subprocess.run(py + ["golden", "record", golden, "--kernel", template.format(rev=good)] + isolate
+                             + _selection(args), cwd=work, env=env)
         if rec.returncode != 0:
             return _usage(f"{prog}: error: recording the goldens at {args.good} failed (exit {rec.returncode})")
-        chk = subprocess.run(py + ["golden", "check", golden, "--device", args.device, "--kernel", f"git:{bad}"],
-                             cwd=work, env=env)
+        chk = subprocess.run(py + ["golden", "check", golden, "--device", args.device, "--kernel",
+                                   template.format(rev=bad)] + isolate, cwd=work, env=env)
         if chk.returncode == 0:
             print(f"{args.bad} ({bad[:12]}): the outputs of {args.case} are identical to {args.good}'s: nothing to bisect")
             return EXIT_FAIL
         if chk.returncode != 1:
             return _usage(f"{prog}: error: checking {args.bad} failed (exit {chk.returncode})")
         try:
-            return _run_bisect(repo, good, bad, golden, work, env, args)
+            return _run_bisect(repo, good, bad, golden, work, env, args, template)
         except ValueError as exc:   # git refused (GOOD not an ancestor of BAD...)
             return _usage(f"{prog}: error: {exc}")
     finally:
@@ -115,10 +148,11 @@ def bisect_main(args) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_bisect(repo, good, bad, golden, work, env, args) -> int:
+def _run_bisect(repo, good, bad, golden, work, env, args, template: str = "git:{rev}") -> int:
     _git(repo, "bisect", "start", "--no-checkout", bad, good)
     step = shlex.join([sys.executable, "-m", "parity.bisect", golden, "--device", args.device,
-                       "--log", os.path.join(work, "logs")])
+                       "--log", os.path.join(work, "logs"), "--kernel-template", template,
+                       "--isolate", getattr(args, "isolate", "auto")])
     run = subprocess.run(["git", "-C", repo, "bisect", "run", "sh", "-c", f"cd {shlex.quote(work)} && exec {step}"],
                          env=env, capture_output=True, text=True)
     text = run.stdout + run.stderr
@@ -155,7 +189,8 @@ def _usage(message: str) -> int:
 
 
 def bisect_step(argv: Optional[List[str]] = None) -> int:
-    """One ``git bisect run`` step: ``golden check GOLDEN --kernel git:BISECT_HEAD`` mapped to git's
+    """One ``git bisect run`` step: ``golden check GOLDEN --kernel git:BISECT_HEAD`` (or
+    ``--kernel-template``'s spec of ``BISECT_HEAD``, :func:`kernel_template`) mapped to git's
     statuses (0 identical = good, 1 moved = bad, anything else = :data:`SKIP`); the check's text
     is also written to ``--log DIR/<sha>.txt``."""
     import argparse
@@ -168,12 +203,15 @@ def bisect_step(argv: Optional[List[str]] = None) -> int:
     p.add_argument("golden")
     p.add_argument("--device", default="auto")
     p.add_argument("--log", default=None)
+    p.add_argument("--kernel-template", default="git:{rev}")
+    p.add_argument("--isolate", default="auto")
     a = p.parse_args(argv)
     console = Console(record=True, width=200)
     try:
         sha = resolve_revision("BISECT_HEAD")
         status = golden_main(argparse.Namespace(golden_command="check", dir=a.golden, device=a.device,
-                                                kernel=f"git:{sha}"), console=console)
+                                                kernel=a.kernel_template.format(rev=sha), isolate=a.isolate),
+                             console=console)
     except Exception as exc:   # a revision that cannot be evaluated is skipped, not blamed
         print(f"cannot evaluate this revision: {type(exc).__name__}: {exc}", file=sys.stderr)
         return SKIP

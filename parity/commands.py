@@ -16,6 +16,7 @@ Exit status of ``run`` and ``record``: 0 every check passes, 1 at least one fail
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -62,9 +63,21 @@ def add_run_options(parser) -> None:
                         help="kpool: run kpool's validation before the operator (bad-input steps then test the "
                              "caller's validation, reported 'not validated by the operator'); none: the operator's "
                              "own; default: kpool for an implementation that does not validate, else none")
-    parser.add_argument("--interp-rne", action="store_true",
+    parser.add_argument("--interp-rne", action=argparse.BooleanOptionalAction, default=None,
                         help="under the CPU interpreter, round fp32->bf16 casts and stores to nearest even as the "
-                             "hardware does (the interpreter truncates; docs/interpreter-rne.md)")
+                             "hardware does (the interpreter truncates; docs/interpreter-rne.md); default: the "
+                             "implementation's declared rounding (on for vllm-ascend:PATH)")
+    from .implementations.semantics import MODES
+    parser.add_argument("--supports", nargs="+", default=None, choices=MODES + ("all",), metavar="MODE",
+                        help="the optional modes the implementation has (" + ", ".join(MODES) + ", or all); a step "
+                             "needing another is reported 'unsupported by IMPL' (counted, not a failure); default: "
+                             "the implementation's declared modes")
+    from .isolation import ISOLATE_CHOICES
+    parser.add_argument("--isolate", default="auto", choices=ISOLATE_CHOICES,
+                        help="run the implementation's cases in a child worker process, so that a crash (even a "
+                             "segfault or abort) ends only that case as a crash finding: auto (default) for "
+                             "implementations that are not this checkout's own (git:REV, vllm-ascend:PATH, "
+                             "module:function), on, off")
     parser.add_argument("--metamorphic", nargs="*", default=None, metavar="RELATION",
                         help="also check metamorphic relations on every step, bitwise (no name = all: "
                              f"{', '.join(RELATION_NAMES)})")
@@ -114,7 +127,8 @@ def run_options(args, device: str, prog: str):
     return RunOptions(device=device, mode=args.mode, repeat=repeat, check_oracle=not args.no_oracle,
                       oracle=getattr(args, "oracle", "history"),
                       kernel=args.kernel, metamorphic=relations or [], seed_offset=args.seed,
-                      decode_relations=decode, **dataclasses.asdict(semantics))
+                      decode_relations=decode, isolate=getattr(args, "isolate", None) or "auto",
+                      **{k: v for k, v in dataclasses.asdict(semantics).items() if k != "implementation"})
 
 
 def run_semantics(args):
@@ -129,7 +143,7 @@ def run_semantics(args):
     from .implementations.semantics import resolve_semantics
     return resolve_semantics(resolve(args.kernel), score_mode=getattr(args, "score_mode", None),
                              ties=getattr(args, "ties", None), validate_with=getattr(args, "validate_with", None),
-                             interp_rne=getattr(args, "interp_rne", False))
+                             interp_rne=getattr(args, "interp_rne", None), supports=getattr(args, "supports", None))
 
 
 def relations_text(options) -> str:
@@ -176,6 +190,7 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
 
     from . import bundle, report
     from .implementations.semantics import from_options
+    from .isolation import should_isolate
     from .session import run_cases
 
     options = run_options(args, device, prog)
@@ -187,14 +202,18 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
     console.print(f"device={device} ({escape(str(env.get('device_name')))}) suite={args.suite} size={args.size} "
                   f"seed={args.seed} mode={args.mode} repeat={options.repeat} kernel={escape(args.kernel)} "
                   f"oracle={'off' if args.no_oracle else 'on'} jobs={getattr(args, 'jobs', 1)} "
+                  f"isolated={'yes' if should_isolate(args.kernel, options.isolate) else 'no'} "
                   f"{escape(from_options(options).text())}; "
                   f"{escape(relations_text(options))}: {len(cases)} cases")
     bundles = {}
 
     def on_case(case, res):
         status = "[green]ok[/]" if res.ok else f"[red]{len(res.failures)} failures[/]"
-        where = "" if res.ok else f", first divergent step {res.first_divergent_step} " \
-                                  f"({escape(case.steps[res.first_divergent_step].name)})"
+        skipped = int((res.findings["verdict"] == "unsupported").sum()) if len(res.findings) else 0
+        status += f" [yellow]({skipped} unsupported by IMPL)[/]" if skipped else ""
+        first = res.first_divergent_step
+        where = "" if res.ok else (f", first divergent step {first} ({escape(case.steps[first].name)})"
+                                   if first is not None else ", before its first step")
         worker = escape(f" [worker {res.worker}, {res.worker_device}]") if hasattr(res, "worker") else ""
         console.print(f"  {escape(res.case_id)}: {res.steps_run} steps, {res.wall_s:.2f} s, {status}{where}{worker}")
         if out_dir and (record or not res.ok):

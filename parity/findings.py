@@ -15,10 +15,14 @@ import pandas as pd
 
 VERDICTS = ("exact", "rounding-boundary", "tie-equivalent", "wrong-index", "wrong-tail",
             "padding-leak", "stray-write", "missing-write", "ring-mismatch", "cache-mismatch",
-            "nan-introduced", "nondeterministic", "not-rejected", "crash")
-"""Triage labels of parity-contract.md §6."""
+            "nan-introduced", "nondeterministic", "not-rejected", "crash", "unsupported")
+"""Triage labels of parity-contract.md §6, and ``unsupported`` (:data:`UNSUPPORTED`)."""
 PASS_VERDICTS = frozenset({"exact", "rounding-boundary", "tie-equivalent"})
 """Verdicts that are not failures (the two certified ones count as passes)."""
+UNSUPPORTED = "unsupported"
+"""The outcome "unsupported by IMPL": a step needs a mode the implementation under test declares
+it does not have (:attr:`parity.implementations.Implementation.supports`), so it was not asked.
+Counted on its own in every report; neither a finding nor a failure, and no exit status sees it."""
 
 LOCATION_COLUMNS = ("row", "position", "request", "column", "pool_id", "page", "page_row",
                     "block", "plane", "slot", "channel", "region", "kernel", "program_id")
@@ -36,8 +40,8 @@ FINDING_COLUMNS = ("case", "size", "step", "step_name", "output", "verdict", "mi
 
 
 def is_failure(verdict: str) -> bool:
-    """True for every verdict outside :data:`PASS_VERDICTS`."""
-    return verdict not in PASS_VERDICTS
+    """True for every verdict outside :data:`PASS_VERDICTS` and :data:`UNSUPPORTED`."""
+    return verdict not in PASS_VERDICTS and verdict != UNSUPPORTED
 
 
 def finding(output: str, verdict: str, mismatches: int = 0, detail: str = "", **location) -> dict:

@@ -64,11 +64,21 @@ def add_golden_parser(sub) -> None:
                      help="implementation to record (default kpool; python -m parity list implementations)")
     rec.add_argument("--force", action="store_true", help="replace goldens of this device kind already in DIR")
     add_selection_arguments(rec)
+    _isolate_argument(rec)
     chk = gsub.add_parser("check", help="rerun DIR's recorded selection and compare bit for bit")
     chk.add_argument("dir", metavar="DIR", help="the record's DIR (or its DIR/<device kind>)")
     chk.add_argument("--kernel", default="kpool", metavar="IMPL", help="implementation to check (default kpool)")
     chk.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
                      help="device (default: auto); must be the recorded device kind")
+    _isolate_argument(chk)
+
+
+def _isolate_argument(p) -> None:
+    from .isolation import ISOLATE_CHOICES
+    p.add_argument("--isolate", default="auto", choices=ISOLATE_CHOICES,
+                   help="run the implementation in a child worker process, so that a crash (even a segfault) is a "
+                        "case whose outputs moved: auto (default) for implementations that are not this "
+                        "checkout's own, on, off")
 
 
 def golden_main(args, console=None) -> int:
@@ -152,13 +162,22 @@ def load_steps(path: str) -> dict:
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
+def _runner(args, impl, device):
+    """A context yielding ``(run,)``: ``run(selected) -> (CaseResult, {step: outputs})`` of
+    ``impl`` under its declared semantics, isolated in a worker process when ``--isolate`` says so
+    (:func:`parity.isolation.isolated_runners`: a crash there is a case whose outputs all moved)."""
+    from .implementations.semantics import resolve_semantics
+    from .isolation import isolated_runners
+    return isolated_runners([impl], [resolve_semantics(impl)], device, getattr(args, "isolate", "auto"))
+
+
 def _record(args, device, env, kind, impl, console, prog) -> int:
     import shutil
 
     from rich.markup import escape
 
     from .selection import selected_cases
-    from .step_outputs import run_captured, step_hashes
+    from .step_outputs import step_hashes
     out = kind_directory(args.dir, kind)
     if os.path.exists(os.path.join(out, MANIFEST)) and not args.force:
         return _usage(f"{prog}: error: {out} already holds goldens of {kind!r} (--force replaces them)")
@@ -173,15 +192,16 @@ def _record(args, device, env, kind, impl, console, prog) -> int:
                 "implementation_description": impl.description, "implementation_package": impl.package,
                 "selection": {k: getattr(args, k) for k in SELECTION_KEYS}, "cases": {}}
     console.print(escape(f"golden record on {kind}: kernel={impl.spec}, {len(cases)} cases -> {out}"))
-    for sel in cases:
-        result, steps = run_captured(sel, impl, device)
-        name = _case_file(sel.key)
-        save_steps(os.path.join(tmp, name), steps)
-        manifest["cases"][sel.key] = {"file": name, "suite": sel.suite, "reference_failures": len(result.failures),
-                                      "step_names": [s.name for s in sel.case.steps],
-                                      "steps": {str(i): step_hashes(s) for i, s in steps.items()}}
-        console.print(escape(f"  {sel.key}: {len(steps)} steps recorded"
-                             + (f" ({len(result.failures)} failures vs reference)" if len(result.failures) else "")))
+    with _runner(args, impl, device) as (run,):
+        for sel in cases:
+            result, steps = run(sel)
+            name = _case_file(sel.key)
+            save_steps(os.path.join(tmp, name), steps)
+            manifest["cases"][sel.key] = {"file": name, "suite": sel.suite, "reference_failures": len(result.failures),
+                                          "step_names": [s.name for s in sel.case.steps],
+                                          "steps": {str(i): step_hashes(s) for i, s in steps.items()}}
+            console.print(escape(f"  {sel.key}: {len(steps)} steps recorded"
+                                 + (f" ({len(result.failures)} failures vs reference)" if len(result.failures) else "")))
     with open(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True, default=str)
     shutil.rmtree(out, ignore_errors=True)
@@ -196,7 +216,7 @@ def _check(args, device, kind, impl, found, console, prog) -> int:
     from rich.markup import escape
 
     from .selection import selected_cases
-    from .step_outputs import diff_steps, run_captured, step_hashes
+    from .step_outputs import diff_steps, step_hashes
     directory, manifest = found
     rec_env = manifest.get("environment", {})
     sel_args = argparse.Namespace(device=args.device, **manifest["selection"])
@@ -210,24 +230,25 @@ def _check(args, device, kind, impl, found, console, prog) -> int:
                          f"triton {rec_env.get('triton')}) in {directory}: {len(cases)} cases"))
     recorded = manifest["cases"]
     moved, seen = 0, set()
-    for sel in cases:
-        entry = recorded.get(sel.key)
-        if entry is None:
-            console.print(escape(f"  {sel.key}: not in the goldens (new case?); not checked"))
-            continue
-        seen.add(sel.key)
-        _, steps = run_captured(sel, impl, device)
-        hashes = {str(i): step_hashes(s) for i, s in steps.items()}
-        if hashes == entry["steps"]:
-            console.print(escape(f"  {sel.key}: {len(steps)} steps identical"))
-            continue
-        diffs = diff_steps(load_steps(os.path.join(directory, entry["file"])), steps, sel.case)
-        for step, found_diffs in diffs.items():
-            for d in found_diffs:
-                moved += 1
-                name = entry["step_names"][step] if step < len(entry["step_names"]) else ""
-                console.print(f"  [red]MOVED[/] {escape(sel.key)} step {step} ({escape(name)}) "
-                              f"{escape(d.text('golden', 'now'))}")
+    with _runner(args, impl, device) as (run,):
+        for sel in cases:
+            entry = recorded.get(sel.key)
+            if entry is None:
+                console.print(escape(f"  {sel.key}: not in the goldens (new case?); not checked"))
+                continue
+            seen.add(sel.key)
+            _, steps = run(sel)
+            hashes = {str(i): step_hashes(s) for i, s in steps.items()}
+            if hashes == entry["steps"]:
+                console.print(escape(f"  {sel.key}: {len(steps)} steps identical"))
+                continue
+            diffs = diff_steps(load_steps(os.path.join(directory, entry["file"])), steps, sel.case)
+            for step, found_diffs in diffs.items():
+                for d in found_diffs:
+                    moved += 1
+                    name = entry["step_names"][step] if step < len(entry["step_names"]) else ""
+                    console.print(f"  [red]MOVED[/] {escape(sel.key)} step {step} ({escape(name)}) "
+                                  f"{escape(d.text('golden', 'now'))}")
     missing = sorted(set(recorded) - seen)
     for key in missing:
         console.print(f"  [red]MISSING[/] {escape(key)}: recorded, but the selection no longer has it")

@@ -13,6 +13,7 @@ from cases.steps import batch_metadata, build_step, forward_kwargs
 
 from . import compare as cmp
 from . import sentinel as sen
+from .implementations.semantics import is_unsupported
 
 OUTPUT_PREFIX = "metamorphic:"
 
@@ -106,6 +107,8 @@ def compare_runs(name: str, state: StepState, base: KernelRun, variant: KernelRu
     output = OUTPUT_PREFIX + name
     for label, run in (("base", base), ("variant", variant)):
         if run.exc is not None:
+            if is_unsupported(run.exc):   # the relation needs a mode the implementation lacks
+                return [cmp.finding(output, "unsupported", 0, detail=f"{label}: {run.exc}")]
             return [cmp.crash_finding(label, run.exc, output=output)]
     cfg, meta = state.case.config, state.meta
     rows = []

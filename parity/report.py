@@ -16,6 +16,7 @@ from typing import Iterable, Optional, Sequence, Union
 import pandas as pd
 
 from .compare import LOCATION_COLUMNS, findings_frame, is_failure
+from .findings import UNSUPPORTED
 
 REPORT_COLUMNS = ("case", "size", "step", "output", "verdict", "mismatches", "first_mismatch")
 """Columns of the printed table."""
@@ -67,8 +68,10 @@ def results_table(results: Union[pd.DataFrame, Iterable]) -> pd.DataFrame:
 
 
 def summarize(df: pd.DataFrame, *, wall_s: Optional[float] = None) -> dict:
-    """Counts of a results table: cases, steps, checks (rows), findings (non-exact rows),
-    failures (failing rows), failing cases, wall seconds."""
+    """Counts of a results table: cases, steps, checks (rows), findings (non-exact rows, the
+    ``unsupported`` ones aside), failures (failing rows), failing cases, ``unsupported`` (rows of
+    steps the implementation declares no support for, :data:`parity.findings.UNSUPPORTED`),
+    wall seconds."""
     failing = df["verdict"].map(is_failure) if len(df) else pd.Series([], dtype=bool)
     cases = df[["case", "size"]].drop_duplicates() if len(df) else df
     steps = df[["case", "size", "step"]].drop_duplicates() if len(df) else df
@@ -76,21 +79,25 @@ def summarize(df: pd.DataFrame, *, wall_s: Optional[float] = None) -> dict:
     certified = {v: int(df.loc[df["verdict"] == v, "mismatches"].sum()) if len(df) else 0
                  for v in ("rounding-boundary", "tie-equivalent")}
     return {"cases": int(len(cases)), "steps": int(len(steps)), "checks": int(len(df)),
-            "findings": int((df["verdict"] != "exact").sum()) if len(df) else 0,
+            "findings": int((~df["verdict"].isin(("exact", UNSUPPORTED))).sum()) if len(df) else 0,
             "failures": int(failing.sum()), "failing_cases": int(len(bad_cases)),
+            "unsupported": int((df["verdict"] == UNSUPPORTED).sum()) if len(df) else 0,
             "certified": certified,
             "wall_s": None if wall_s is None else round(float(wall_s), 3)}
 
 
 def summary_line(summary: dict) -> str:
-    """One line: ``"PASS: 12 cases, 40 steps, 480 checks, 0 findings, 0 failures, 35.2 s"``."""
+    """One line: ``"PASS: 12 cases, 40 steps, 480 checks, 0 findings, 0 failures, 35.2 s"``
+    (``", 3 unsupported by IMPL"`` after the failures when steps were not asked,
+    :data:`parity.findings.UNSUPPORTED`)."""
     status = "FAIL" if summary["failures"] else "PASS"
     wall = "" if summary.get("wall_s") is None else f", {summary['wall_s']:.1f} s"
     cert = summary.get("certified") or {}
     certified = ", ".join(f"{n} {v}" for v, n in cert.items() if n)
     return (f"{status}: {summary['cases']} cases, {summary['steps']} steps, {summary['checks']} checks, "
             f"{summary['findings']} findings, {summary['failures']} failures "
-            f"({summary['failing_cases']} failing cases){wall}"
+            f"({summary['failing_cases']} failing cases)"
+            + (f", {summary['unsupported']} unsupported by IMPL" if summary.get("unsupported") else "") + wall
             + (f"; certified elements: {certified}" if certified else ""))
 
 
@@ -335,20 +342,25 @@ def write_junit(df: pd.DataFrame, path: Union[str, os.PathLike], *,
     output (``classname`` = case id, ``name`` = ``<step>:<step_name>:<output>``), one ``<failure>``
     per failing finding (``message`` = verdict, ``type`` = the output, text = mismatches, location,
     detail, and the replay command when ``bundles`` has the case); certified findings are noted
-    in ``<system-out>``. Suite attributes ``tests``/``failures`` count testcases. Returns ``path``."""
+    in ``<system-out>``; an ``unsupported`` finding (a step the implementation declares no support
+    for, "unsupported by IMPL") is a ``<skipped>`` testcase. Suite attributes
+    ``tests``/``failures``/``skipped`` count testcases. Returns ``path``."""
     df = results_table(df) if "first_mismatch" not in df.columns else df
     root = ET.Element("testsuites", name="kpool-parity")
-    total = total_fail = 0
+    total = total_fail = total_skip = 0
     for (case, size), group in df.groupby(["case", "size"], sort=False):
         cid = f"{case}[{size}]"
         suite = ET.SubElement(root, "testsuite", name=cid)
-        n_fail = 0
+        n_fail = n_skip = 0
         for (step, name, output), rows in group.groupby(["step", "step_name", "output"], sort=False, dropna=False):
             step_label = "" if pd.isna(step) else int(step)
             tc = ET.SubElement(suite, "testcase", classname=cid, name=f"{step_label}:{name}:{output}")
-            failed, notes = False, []
+            failed, skipped, notes = False, False, []
             for r in rows.to_dict("records"):
-                if is_failure(r["verdict"]):
+                if r["verdict"] == UNSUPPORTED:
+                    skipped = True
+                    ET.SubElement(tc, "skipped", message="unsupported by IMPL").text = str(r["detail"] or "")
+                elif is_failure(r["verdict"]):
                     failed = True
                     fail = ET.SubElement(tc, "failure", message=r["verdict"], type=str(output))
                     text = f"{r['mismatches']} mismatches; {r['first_mismatch']}; {r['detail'] or ''}"
@@ -360,13 +372,17 @@ def write_junit(df: pd.DataFrame, path: Union[str, os.PathLike], *,
             if notes:
                 ET.SubElement(tc, "system-out").text = "\n".join(notes)
             n_fail += failed
+            n_skip += skipped and not failed
         suite.set("tests", str(len(suite.findall("testcase"))))
         suite.set("failures", str(n_fail))
+        suite.set("skipped", str(n_skip))
         suite.set("errors", "0")
         total += len(suite.findall("testcase"))
         total_fail += n_fail
+        total_skip += n_skip
     root.set("tests", str(total))
     root.set("failures", str(total_fail))
+    root.set("skipped", str(total_skip))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
     return str(path)

@@ -29,7 +29,7 @@ from .certificates import check_tie_policy
 from .checked_reference import checked_reference
 from .determinism import determinism_findings
 from .forwards import accepts_keyword, backend_of, call, torch_device
-from .implementations.semantics import validation_note
+from .implementations.semantics import is_unsupported, validation_note
 from .localize import localize
 from .oracle_check import oracle_findings
 from .results import KEEP_OUTPUT_STEPS, TIMING_COLUMNS, CaseResult, StepOutputs  # noqa: F401 (the run's API)
@@ -282,6 +282,9 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
 
     kout, kexc, kbuf, kchecks = results["kernel"]
     rout, rexc, rbuf, rchecks = results["reference"]
+    if is_unsupported(kexc):
+        return _unsupported_step(case, step, meta, inputs, ape, kernel, ref, run, kexc, rout, rexc, rchecks,
+                                 modified_inputs["reference"], times)
     backend = backend_of(kernel.dev)
     rctx = tctx = None
     if run.certificates:
@@ -339,3 +342,26 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
     return _StepResult(rows, times, stop, kout, rout, kbuf, rbuf, meta=meta, inputs=inputs)
 
 
+
+
+def _unsupported_step(case, step, meta, inputs, ape, kernel: _Side, ref: _Side, run: _RunState, kexc, rout, rexc,
+                      rchecks, ref_modified: dict, times: dict) -> _StepResult:
+    """A step the implementation declares no support for (``unsupported by IMPL``,
+    :class:`parity.implementations.semantics.UnsupportedModeError`): one ``unsupported`` row for
+    the kernel side, the reference side's own checks (sentinels, inputs, its oracle), and the
+    kernel caches made the reference's (the operator was never called), so later steps compare
+    from the same state."""
+    rows = [cmp.finding("forward[kernel]", "unsupported", 0, detail=str(kexc))]
+    stop = rexc is not None and step.expect_error is None
+    if stop:
+        rows.append(cmp.crash_finding("reference", rexc))
+    rows += cmp.sentinel_findings(rchecks, "reference")
+    rows += [cmp.finding("inputs[reference]", "stray-write", n, region=name,
+                         detail=f"reference modified its input {name} in place ({n} elements)")
+             for name, n in ref_modified.items()]
+    kernel.caches.copy_(ref.caches)
+    if run.oracle is not None and step.expect_error is None and rexc is None:
+        t0 = time.perf_counter()
+        rows += oracle_findings(run.oracle, case, step, meta, inputs, ape, rout, ref.caches)
+        times["oracle"] = time.perf_counter() - t0
+    return _StepResult(rows, times, stop, None, rout)   # no meta: a step observer has no kernel output to judge

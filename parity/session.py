@@ -43,9 +43,12 @@ class RunOptions:
             (:data:`DEVICE_DECODE_RELATIONS`) when ``--metamorphic`` is not given.
         oracle: ``"history"`` (the whole-history oracle only) or ``"hf"`` (also Hugging Face
             as a third implementation, :mod:`parity.hf_run`; ``--oracle hf``).
-        score_mode, tie_policy, validate_with, interp_rne: the semantics the implementation is
-            judged by (:class:`parity.implementations.semantics.RunSemantics`; ``--score-mode``,
-            ``--ties``, ``--validate-with``, ``--interp-rne`` or its declared defaults).
+        score_mode, tie_policy, validate_with, interp_rne, supports: the semantics the
+            implementation is judged by (:class:`parity.implementations.semantics.RunSemantics`;
+            ``--score-mode``, ``--ties``, ``--validate-with``, ``--interp-rne`` or its declared
+            defaults; ``supports``: its declared modes, ``None`` = every mode).
+        isolate: run the cases in a child worker process (:mod:`parity.isolation`): ``"auto"``
+            (implementations that are not this checkout's own), ``"on"`` or ``"off"``.
     """
 
     device: str = "cpu"
@@ -61,6 +64,8 @@ class RunOptions:
     tie_policy: str = "canonical"
     validate_with: Optional[str] = None
     interp_rne: bool = False
+    supports: Optional[List[str]] = None
+    isolate: str = "auto"
 
     def to_dict(self) -> dict:
         """JSON-able dict."""
@@ -139,7 +144,12 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
         kernel_forward: overrides ``options.kernel``.
         jobs: worker processes (:mod:`parity.parallel`, one device each). Workers import the
             kernel by reference, so ``jobs > 1`` needs the production kernel (``options.kernel ==
-            "kpool"``); other kernels run in this process.
+            "kpool"``); other kernels run in this process, or isolated.
+
+    Isolation (:mod:`parity.isolation`, ``options.isolate``): the cases of an implementation that
+    is not this checkout's own run, with their relations, in one persistent child process; a
+    crash of the child (segfault, abort) ends that case as a ``crash`` finding and a fresh child
+    takes the next case.
 
     Returns:
         The :class:`parity.runner.CaseResult` list, in case order; metamorphic findings are
@@ -153,7 +163,11 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
     from .runner import run_case
     console = console or make_console()
     semantics = from_options(options)
-    fn = kernel_forward or semantics.forward(resolve_kernel(options.kernel))
+    from .isolation import CaseWorker, should_isolate
+    isolated = should_isolate(options.kernel, options.isolate, injected=kernel_forward is not None) \
+        and options.oracle != "hf"        # the HF observer lives in this process
+    # isolated: the child resolves the implementation; this process never calls it
+    fn = None if isolated else kernel_forward or semantics.forward(resolve_kernel(options.kernel))
     cases = [semantics.case(c) for c in cases]     # workers get the cases with their score mode
     # workers run kpool's forward with canonical ties, unwrapped: any other semantics stays here
     plain = semantics == RunSemantics(score_mode=semantics.score_mode)
@@ -187,10 +201,25 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
         if on_case is not None:
             on_case(case, res)   # rich prints above a live bar on the same console
 
+    if isolated and jobs > 1:
+        console.print(f"[yellow]--jobs {jobs}: {options.kernel} runs isolated in one worker process[/]")
+        jobs = 1
     if bar is not None:
         bar.start()
     try:
-        if jobs > 1:
+        if isolated:
+            with CaseWorker(options.kernel, semantics, options.device) as worker:
+                label = par.in_process_device_label(options.device)
+                for case in cases:
+                    if bar is not None:
+                        bar.update(task, description=case.case_id)
+                    res = par.annotate(worker.run_case(case, kwargs, case_relations(case, options)), 0, label)
+                    if bar is not None:
+                        bar.advance(task, len(case.steps))
+                    results.append(res)
+                    if on_case is not None:
+                        on_case(case, res)
+        elif jobs > 1:
             def advance(res):
                 if bar is not None:
                     bar.advance(task, next(len(c.steps) for c in cases if c.case_id == res.case_id))

@@ -97,6 +97,7 @@ class OutputDiff:
         element (``{"region": "view", "page": 2, ...}`` for caches, ``{"index": [...]}`` else).
         a / b: both sides' values there (text: integers as values, floats as bits and value).
         detail: what differs when ``count == -1``.
+        rows: for ``indices``, every token row with a differing element (sorted), else ``None``.
     """
 
     output: str
@@ -106,14 +107,24 @@ class OutputDiff:
     a: str = ""
     b: str = ""
     detail: str = ""
+    rows: Optional[List[int]] = None
 
     def text(self, a_name: str = "baseline", b_name: str = "candidate") -> str:
         """One line: ``compressed_cache: 3/2048 differ, first region=view page=2 page_row=1
-        channel=9: baseline 0x3F80 (1.0 bf16) vs candidate 0x3F81 (1.0078125 bf16)``."""
+        channel=9: baseline 0x3F80 (1.0 bf16) vs candidate 0x3F81 (1.0078125 bf16)`` (indices:
+        then ``; 2 rows differ: [0, 5]``)."""
         if self.count < 0:
             return f"{self.output}: {self.detail}"
         where = " ".join(f"{k}={v}" for k, v in (self.where or {}).items())
-        return f"{self.output}: {self.count}/{self.total} differ, first {where}: {a_name} {self.a} vs {b_name} {self.b}"
+        rows = "" if self.rows is None else f"; {len(self.rows)} rows differ: {rows_text(self.rows)}"
+        return (f"{self.output}: {self.count}/{self.total} differ, first {where}: {a_name} {self.a} vs "
+                f"{b_name} {self.b}{rows}")
+
+
+def rows_text(rows: List[int], limit: int = 24) -> str:
+    """``[14, 27, 28, ...]``: at most ``limit`` row numbers, then ``... (+N)``."""
+    shown = ", ".join(map(str, rows[:limit]))
+    return f"[{shown}{f', ... (+{len(rows) - limit})' if len(rows) > limit else ''}]"
 
 
 def _value(flat_bits: torch.Tensor, i: int, output: str) -> str:
@@ -152,7 +163,10 @@ def diff_tensors(output: str, a: Optional[torch.Tensor], b: Optional[torch.Tenso
         coord = [int(x) for x in torch.unravel_index(torch.tensor(flat), a.shape)] if a.dim() else []
         names = _DIMS.get(output) if len(_DIMS.get(output, ())) == len(coord) else None
         where = {n: c for n, c in zip(names, coord) if n is not None} if names else {"index": coord}
-    return OutputDiff(output, n, diff.numel(), where, _value(fa, flat, output), _value(fb, flat, output))
+    rows = None
+    if output == "indices" and a.dim() >= 1 and a.shape[0]:   # the token rows that differ (row = dim 0)
+        rows = [int(t) for t in diff.reshape(a.shape[0], -1).any(dim=1).nonzero().flatten()]
+    return OutputDiff(output, n, diff.numel(), where, _value(fa, flat, output), _value(fb, flat, output), rows=rows)
 
 
 def diff_step(a: Optional[StepDict], b: Optional[StepDict], layout=None) -> List[OutputDiff]:

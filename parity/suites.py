@@ -177,11 +177,16 @@ def run_suite(args, device: str, console, *, prog: str = "python -m parity run")
                       "name (--suite public --case Cxx), a failing generated case is kept in "
                       "REPORT/corpus-candidates", markup=False)
     if public_ids:
+        from .isolation import should_isolate
+        isolate = should_isolate(args.kernel, getattr(args, "isolate", "auto"))
         status = max(status, run_public_suite(args, device, console, cids=public_ids, kernel_forward=kernel_forward,
-                                              counts=counts, semantics=semantics, package=implementation.package))
+                                              counts=counts, semantics=semantics, package=implementation.package,
+                                              isolate=isolate))
     if kinds:
+        from .isolation import should_isolate
         status = max(status, run_generated_suite(args, device, console, kinds=kinds, kernel_forward=kernel_forward,
-                                                 counts=counts, semantics=semantics))
+                                                 counts=counts, semantics=semantics,
+                                                 isolate=should_isolate(args.kernel, getattr(args, "isolate", "auto"))))
     if len(parts) > 1 and status != EXIT_USAGE:
         from .report import summary_line
         console.print("[bold]suites:[/]")

@@ -118,3 +118,16 @@ def assert_generated_run_covers(kind: str, device, capsys, *, min_passed: int, c
     assert out.passed_examples >= min_passed
     for cls in classes:
         assert out.coverage.classes[cls] > 0, cls
+
+
+def parity_cli(*args, timeout=600):
+    """``python -m parity ARGS`` in a fresh process on the CPU interpreter, from the repository
+    root (this checkout's packages first); the :class:`subprocess.CompletedProcess` with text."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), KPOOL_DEVICE="cpu")
+    return subprocess.run([sys.executable, "-m", "parity", *args], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=timeout)

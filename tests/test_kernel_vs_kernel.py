@@ -196,3 +196,14 @@ def test_ab_against_the_vendor_stand_in_is_identical(capsys, device):
                  "--device", device, *SELECT]) == 0
     out = capsys.readouterr().out
     assert "3 steps: 3 identical, 0 differ" in out and "candidate score_mode=merged ties=any" in out
+
+
+def test_an_indices_diff_names_every_differing_row():
+    from parity.step_outputs import diff_tensors
+    a = torch.zeros(6, 1, 3, dtype=torch.int32)
+    b = a.clone()
+    b[1, 0, 2] = 7
+    b[4, 0, 0] = -1
+    d = diff_tensors("indices", a, b)
+    assert d.rows == [1, 4] and d.text().endswith("; 2 rows differ: [1, 4]")
+    assert diff_tensors("tail_ring", a.float(), b.float()).rows is None

@@ -1,13 +1,17 @@
-"""``--kernel vllm-ascend:PATH`` (issue 11): the adapter on the stand-in vendor checkouts
-(``tests/vendor_standin/new``: current tail-compression signature; ``old``: the older one without
-``tail_slot_mapping``), its import stubs, the run semantics it declares, a planted fault and an
-exact-tie reordering in a copy of the stand-in, and the CLI end to end (integration tier).
+"""``--kernel vllm-ascend:PATH`` (issues 11, 18): the adapter on the stand-in vendor checkouts
+(``tests/vendor_standin/new``: 12-argument tail compression, indexer with
+``output_buffer``/``pack_tail`` and an ``extract_slice`` shared-query kernel; ``old``: 11-argument
+tail compression, fixed-layout indexer using ``get_element``; ``state``: the state-cache
+compression), the stand-ins' imports against the one manifest, the emulated triton-ascend
+extensions, the run semantics declared per revision, planted faults in copies of the stand-ins,
+and the CLI end to end (integration tier).
 
 The stand-ins wrap our kernels behind vLLM-Ascend's signatures (no vLLM-Ascend code), so in
 merged mode they must agree with the reference bit for bit.
 """
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -15,16 +19,24 @@ import sys
 from pathlib import Path
 
 import pytest
+import triton
+import triton.language as tl
 
 from parity.implementations import resolve
 from parity.implementations import vllm_ascend as va
-from parity.implementations.semantics import RunSemantics, resolve_semantics, with_score_mode
+from parity.implementations.semantics import resolve_semantics, with_score_mode
+from parity.implementations.vendor_ascend_ext import extract_slice, get_element
+from parity.implementations.vendor_manifest import STANDINS
 from parity.runner import run_case
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = {"new": "tests/vendor_standin/new", "old": "tests/vendor_standin/old"}
+STANDIN = {w: f"tests/vendor_standin/{w}" for w in ("new", "old", "state")}
 INDEXER = "vllm_ascend/ops/triton/glm5_next_lightning_indexer.py"
 COMPRESS = "vllm_ascend/ops/triton/glm5_next_kpool_tail_compress.py"
+SHAPES = {"new": ("tail-slots", True, True, ("extract_slice",)),
+          "old": ("tail-ring", False, False, ("get_element",)),
+          "state": ("state", False, False, ())}
+"""Per stand-in: compression kind, indexer takes pack_tail, takes output_buffer, extensions."""
 
 
 DEVICE = "cpu"
@@ -36,13 +48,14 @@ def _session_device(device):
     global DEVICE
     DEVICE = device
 
+
 def _seed(name: str):
     from cases.scenarios import seed_cases
     return next(c for c in seed_cases(["small"]) if c.name == name)
 
 
 def _copy_standin(tmp_path, which: str, file: str, old: str, new: str) -> str:
-    """A copy of a stand-in checkout (links resolved) with one line of ``file`` changed."""
+    """A copy of a stand-in checkout with one line of ``file`` changed."""
     dst = tmp_path / which
     shutil.copytree(ROOT / STANDIN[which], dst, symlinks=False)
     path = dst / file
@@ -52,29 +65,86 @@ def _copy_standin(tmp_path, which: str, file: str, old: str, new: str) -> str:
     return str(dst)
 
 
-def _run(spec: str, case, ties: str):
+def _run(spec: str, case, ties=None):
     impl = resolve(spec)
     sem = resolve_semantics(impl, ties=ties)
     return run_case(sem.case(case), device=DEVICE, kernel_forward=sem.forward(impl.forward), tie_policy=sem.tie_policy)
 
 
-@pytest.mark.parametrize("which, slots", [("new", True), ("old", False)])
-def test_adapter_detects_the_signature_and_declares_the_vendor_semantics(which, slots):
+def _imported(path: Path) -> dict:
+    """``{module: {names}}`` of the ``from M import ...`` statements of a file."""
+    found: dict = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.setdefault(node.module, set()).update(a.name for a in node.names)
+    return found
+
+
+def test_the_standins_import_exactly_the_manifests_names():
+    """Every name a stand-in operator file imports from vLLM or vLLM-Ascend is one the public files
+    import (vendor_manifest.STANDINS), and together the stand-ins import every one of them."""
+    union: dict = {}
+    for which in STANDIN:
+        for path in sorted((ROOT / STANDIN[which] / "vllm_ascend").rglob("*.py")):
+            for module, names in _imported(path).items():
+                if module.split(".")[0] in ("vllm", "vllm_ascend"):
+                    assert module in STANDINS and names <= set(STANDINS[module]), (path, module, names)
+                    union.setdefault(module, set()).update(names)
+    assert union == {m: set(n) for m, n in STANDINS.items()}
+
+
+@pytest.mark.parametrize("which", ["new", "old", "state"])
+def test_adapter_recognises_the_revision_shape_and_declares_its_semantics(which):
     impl = resolve(f"vllm-ascend:{STANDIN[which]}")
-    compress, _ = va.load_operators(STANDIN[which])
-    assert va.has_tail_slot_mapping(compress) is slots
-    assert (impl.score_mode, impl.tie_policy, impl.validates, impl.package) == ("merged", "any", False, None)
-    assert ("tail_slot_mapping" if slots else "older") in impl.description
+    rev = va.describe(va.load_operators(STANDIN[which]))
+    assert (rev.compress, rev.pack_tail, rev.output_buffer, rev.extensions) == SHAPES[which]
+    assert (impl.score_mode, impl.tie_policy, impl.validates, impl.package, impl.interp_rne) == \
+        ("merged", "any", False, None, True)
+    assert impl.supports == ({"fixed-tail", "output-buffer"} if which == "new" else {"fixed-tail"})
+    assert SHAPES[which][0] in impl.description
 
 
 def test_stubs_exist_only_while_loading():
     with va.vendor_stubs() as installed:
         import vllm.triton_utils as tu
-        from vllm_ascend.ops.triton.triton_utils import get_vectorcore_num
+        from vllm.utils.math_utils import next_power_of_2
+        from vllm_ascend.ops.triton.triton_utils import extract_slice, get_vectorcore_num
         import triton.language as tl
         assert tu.tl is tl and get_vectorcore_num() == va.DEFAULT_VECTOR_CORES
-        assert "vllm.triton_utils" in installed
+        assert [next_power_of_2(n) for n in (0, 1, 3, 4, 5)] == [1, 1, 4, 4, 8]
+        assert extract_slice.__module__ == "parity.implementations.vendor_ascend_ext"
+        assert {"vllm.triton_utils", "vllm.utils.math_utils", "vllm_ascend.ops.triton.triton_utils"} <= set(installed)
     assert not any(name in sys.modules for name in installed)
+
+
+@triton.jit
+def _extension_kernel(x_ptr, out_ptr, scalar_ptr, off):
+    r, c = tl.arange(0, 8), tl.arange(0, 4)
+    x = tl.load(x_ptr + r[:, None] * 4 + c[None, :])
+    part = extract_slice(x, (off, 1), (2, 2), (2, 1))                   # rows off, off+2; columns 1, 2
+    tl.store(out_ptr + tl.arange(0, 2)[:, None] * 2 + tl.arange(0, 2)[None, :], part)
+    tl.store(scalar_ptr, get_element(x, (off + 1, 3)))
+
+
+def test_extract_slice_and_get_element_follow_triton_ascends_semantics():
+    """Offsets, sizes and strides per dimension (a stride-2 row slice, a column window), a scalar
+    by multi-index, and a slice past the tensor refused, under the interpreter."""
+    if DEVICE != "cpu":
+        pytest.skip("the extensions are emulated under the CPU interpreter only")
+    import numpy as np
+    import torch
+    from kpool.platform import install_interpreter_compat
+    install_interpreter_compat()
+    kernel = _extension_kernel
+    x = torch.arange(32, dtype=torch.float32).reshape(8, 4)
+    out, scalar = torch.zeros(2, 2), torch.zeros(1)
+    kernel[(1,)](x, out, scalar, 3)
+    assert torch.equal(out, x[[3, 5]][:, 1:3]) and scalar.item() == x[4, 3].item()
+    with pytest.raises(Exception, match="extract_slice"):
+        kernel[(1,)](x, out, scalar, 6)                                 # rows 6 and 8: past the tensor
+    assert np.array_equal(va.packed_from_fixed(torch.tensor([[-1] * 8 + [0, 1, 2], [0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14]],
+                                                            dtype=torch.int32), torch.tensor([2, 14]), 8, 4).numpy(),
+                          [[0, 1, 2] + [-1] * 8, [0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14]])
 
 
 def test_a_checkout_without_the_operators_is_a_named_error(tmp_path):
@@ -91,27 +161,41 @@ def test_relu_is_refused_before_any_launch():
 
 
 def test_declared_defaults_apply_and_flags_override():
-    impl = resolve(f"vllm-ascend:{STANDIN['new']}")
-    assert resolve_semantics(impl) == RunSemantics("merged", "any", "kpool", False)
-    assert resolve_semantics(impl, score_mode="relu", ties="canonical", validate_with="none", interp_rne=True) \
-        == RunSemantics("relu", "canonical", None, True)
-    assert resolve_semantics(resolve("kpool")) == RunSemantics(None, "canonical", None, False)
+    impl = resolve(f"vllm-ascend:{STANDIN['old']}")
+    sem = resolve_semantics(impl)
+    assert (sem.score_mode, sem.tie_policy, sem.validate_with, sem.interp_rne, sem.supports) == \
+        ("merged", "any", "kpool", True, ("fixed-tail",))
+    sem = resolve_semantics(impl, score_mode="relu", ties="canonical", validate_with="none", interp_rne=False,
+                            supports=["all"])
+    assert (sem.score_mode, sem.tie_policy, sem.validate_with, sem.interp_rne, sem.supports) == \
+        ("relu", "canonical", None, False, None)
+    ours = resolve_semantics(resolve("kpool"))
+    assert (ours.score_mode, ours.tie_policy, ours.validate_with, ours.interp_rne) == (None, "canonical", None, False)
     with pytest.raises(ValueError):
         resolve_semantics(impl, ties="lower-first")
 
 
-@pytest.mark.parametrize("which", ["new", "old"])
-def test_standin_is_bit_exact_in_merged_mode(which):
-    res = _run(f"vllm-ascend:{STANDIN[which]}", _seed("decode-tail"), "canonical")
+@pytest.mark.parametrize("which, case", [("new", "decode-tail"), ("old", "decode-tail"), ("state", "prefill-tail")])
+def test_standin_is_bit_exact_in_merged_mode(which, case):
+    """Every shape, with its declared semantics: the state cache converted to and from the ring
+    (state), the fixed layout repacked (old, state), the shared-query extract_slice path (new)."""
+    res = _run(f"vllm-ascend:{STANDIN[which]}", _seed(case), "canonical")
     assert res.ok, res.failures.to_string()
     assert (res.findings["verdict"] == "exact").all()
 
 
-def test_planted_fault_in_a_standin_copy_is_caught(tmp_path):
-    path = _copy_standin(tmp_path, "new", COMPRESS, "ape = ape.contiguous()", "ape = ape.flip(0).contiguous()")
-    res = _run(f"vllm-ascend:{path}", _seed("decode-tail"), "any")
+@pytest.mark.parametrize("which, file, old, new, output", [
+    ("new", COMPRESS, "ape = ape.contiguous()", "ape = ape.flip(0).contiguous()", "compressed_cache"),
+    # the shared-query kernel's pair slice with row stride 0: both rows of a pair are the first
+    ("new", INDEXER, "(PAIR_ROWS, BLOCK), (1, 1))", "(PAIR_ROWS, BLOCK), (0, 1))", "indices"),
+    ("state", "vllm_ascend/ops/triton/glm5_next_kpool_state_compress.py", "ape.contiguous()",
+     "ape.flip(0).contiguous()", "compressed_cache"),
+])
+def test_planted_fault_in_a_standin_copy_is_caught(tmp_path, which, file, old, new, output):
+    path = _copy_standin(tmp_path, which, file, old, new)
+    res = _run(f"vllm-ascend:{path}", _seed("decode-tail"))
     assert not res.ok
-    assert "compressed_cache" in set(res.failures["output"].astype(str))
+    assert output in set(res.failures["output"].astype(str))
 
 
 def test_exact_tie_reordering_passes_only_under_ties_any(tmp_path):
@@ -175,20 +259,28 @@ def test_list_implementations_names_every_kind():
 
 def test_make_parity_kernel_knob_takes_a_checkout():
     from tests.test_cli_usage import _make_parity_args
-    args = _make_parity_args(f"KERNEL=vllm-ascend:{STANDIN['old']}", "PARITY_EXTRA=--interp-rne --ties any")
-    assert args.kernel == f"vllm-ascend:{STANDIN['old']}" and args.interp_rne and args.ties == "any"
+    args = _make_parity_args(f"KERNEL=vllm-ascend:{STANDIN['old']}", "PARITY_EXTRA=--no-interp-rne --ties canonical")
+    assert args.kernel == f"vllm-ascend:{STANDIN['old']}" and args.interp_rne is False and args.ties == "canonical"
+    assert _make_parity_args(f"KERNEL=vllm-ascend:{STANDIN['old']}").interp_rne is None   # declared: on
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("which", ["new", "old"])
+@pytest.mark.parametrize("which", ["new", "old", "state"])
 def test_cli_runs_a_standin_checkout_end_to_end(which, tmp_path):
-    """The done-when command on the seed suite plus the public cases whose checks call the
-    implementation directly (C05, C17: bad input validated by the caller; C27: determinism)."""
-    base = ("run", "--kernel", f"vllm-ascend:{STANDIN[which]}", "--score-mode", "merged", "--ties", "any",
-            "--interp-rne", "--size", "small", "--report", str(tmp_path / "r"))
-    seed = _cli(*base, "--suite", "seed")
+    """The done-when command with no semantics flag (the revision's declared ones) on seed cases
+    (the whole seed suite for ``new``, a few for the others: decode, output buffers, no-tail,
+    non-finite, bad arguments) plus, for ``new``, the public cases whose checks call the
+    implementation directly (C05: bad input validated by the caller; C27: determinism)."""
+    base = ("run", "--kernel", f"vllm-ascend:{STANDIN[which]}", "--size", "small", "--report", str(tmp_path / "r"))
+    cases = () if which == "new" else ("--case", "decode-tail", "full-padding", "prefill-topk-no-tail", "non-finite",
+                                       "bad-arguments")
+    seed = _cli(*base, "--suite", "seed", *cases)
     assert seed.returncode == 0, seed.stdout[-3000:] + seed.stderr[-2000:]
-    assert "interp_rne=on" in seed.stdout and "ties=any" in seed.stdout
+    assert "interp_rne=on" in seed.stdout and "ties=any" in seed.stdout and "score_mode=merged" in seed.stdout
+    unsupported = 4 if which == "new" else 7          # no-tail steps; output-buffer replays too without one
+    assert f"{unsupported} unsupported by IMPL" in seed.stdout, seed.stdout[-2000:]
+    if which != "new":
+        return
     public = _cli(*base, "--suite", "public", "--case", "C05", "C27")
     assert public.returncode == 0, public.stdout[-3000:] + public.stderr[-2000:]
     text = (tmp_path / "r" / "public" / "results.csv").read_text()

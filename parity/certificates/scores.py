@@ -20,7 +20,7 @@ accumulators narrower than fp32.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +32,11 @@ below ``2^-46`` of the term magnitudes, the bound at least ``2^-23`` of them).""
 OVERFLOW_LIMIT = 2.0 ** 120
 """A pool whose partial sums could reach this magnitude could overflow fp32 in some order: not
 certifiable."""
+OVERFLOW_SURE = 2.0 ** 128
+"""An exact same-sign partial sum at least this large (after the rounding shrink of its terms)
+is beyond fp32 in every faithful rounding: some summation order overflows."""
+FP32_MAX = float(np.finfo(np.float32).max)
+"""The sanitized value of a ``+inf`` score (parity-contract.md §2)."""
 POOL_CHUNK = 256
 """Pools per float64 block (``[chunk, H, D]`` temporaries stay small at GLM size)."""
 
@@ -48,12 +53,36 @@ class ScoreBounds:
             magnitude near the fp32 overflow).
         provably_zero: bool, mode (R) pools with every head at or below minus its dot bound:
             score exactly 0 on every backend.
+        nan: bool, pools whose score is NaN in every summation order (a NaN key, or a NaN / two
+            opposite infinities among the products ``w_h q_hd c_d``): sanitized to LOWEST.
+        saturated: bool, unbounded pools whose score is ``+inf`` in every order (infinite
+            products of one sign, the finite rest far from overflow): sanitized to exactly
+            :data:`FP32_MAX` on every backend (docs/certificates.md §2.4).
+        dead: bool, unbounded pools whose score is ``-inf`` or NaN in every order: LOWEST, never
+            selectable (includes the unbounded ones of ``nan``).
+        free: bool, finite pools that overflow fp32 in *some* summation order
+            (:data:`OVERFLOW_SURE`): a conforming implementation may score them anywhere,
+            ``+inf`` (FP32_MAX) and LOWEST included (docs/certificates.md §2.4).
     """
 
     scores: np.ndarray
     bounds: np.ndarray
     unbounded: np.ndarray
     provably_zero: np.ndarray
+    nan: np.ndarray = field(default=None)
+    saturated: np.ndarray = field(default=None)
+    dead: np.ndarray = field(default=None)
+    free: np.ndarray = field(default=None)
+
+    def __post_init__(self):
+        for name in ("nan", "saturated", "dead", "free"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros(np.shape(self.scores), dtype=bool))
+
+    @property
+    def uncertain(self) -> np.ndarray:
+        """Pools no rule covers (unbounded and neither saturated, dead nor free)."""
+        return self.unbounded & ~(self.saturated | self.dead | self.free)
 
 
 def _weighted_heads(w: np.ndarray, values: np.ndarray, dot_err: np.ndarray, active: np.ndarray,
@@ -126,7 +155,9 @@ def score_bounds(q: np.ndarray, w: np.ndarray, keys: np.ndarray, score_mode: str
     nan_key = np.isnan(keys).any(axis=1)
     inf_key = np.isinf(keys).any(axis=1) & ~nan_key
     if not (np.isfinite(q).all() and np.isfinite(w).all()):
-        return ScoreBounds(np.full(v, -np.inf), bounds, np.ones(v, dtype=bool), zero)
+        sb = ScoreBounds(np.full(v, -np.inf), bounds, np.ones(v, dtype=bool), zero, nan=nan_key.copy())
+        _classify_infinite(q, w, keys, np.ones(v, dtype=bool), sb)
+        return sb
     clean = np.where((nan_key | inf_key)[:, None], 0.0, keys)
     chunk = _relu_chunk if score_mode == "relu" else _merged_chunk
     for lo in range(0, v, POOL_CHUNK):
@@ -141,4 +172,60 @@ def score_bounds(q: np.ndarray, w: np.ndarray, keys: np.ndarray, score_mode: str
     scores[nan_key] = -np.inf
     bounds[nan_key] = 0.0
     zero &= ~(nan_key | inf_key)
-    return ScoreBounds(scores, bounds, unbounded & ~nan_key, zero)
+    sb = ScoreBounds(scores, bounds, unbounded & ~nan_key, zero, nan=nan_key.copy())
+    if inf_key.any():
+        _classify_infinite(q, w, keys, inf_key, sb)
+    huge = sb.unbounded & ~inf_key
+    if huge.any():
+        sb.free[huge] = _overflows_in_some_order(q, w, clean[huge])
+    return sb
+
+
+def _atoms(q: np.ndarray, w: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The products ``w_h q_hd c_jd`` ``[v, H, D]`` in float64 with IEEE infinities and NaN
+    (``0 * inf`` is NaN): every evaluation route of either mode multiplies the same three factors."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return w[None, :, None] * q[None, :, :] * keys[:, None, :]
+
+
+def _classify_infinite(q, w, keys, pools: np.ndarray, sb: ScoreBounds) -> None:
+    """docs/certificates.md §2.4: for ``pools`` (bool mask) with an infinite factor, the score in
+    every summation order and either route of mode (M): NaN when a product is NaN or products of
+    both infinite signs exist; ``+inf`` / ``-inf`` when all infinite products share that sign and
+    the finite products cannot overflow in any order (their magnitudes sum below
+    :data:`OVERFLOW_LIMIT`). Sets ``nan``, ``saturated``, ``dead`` of ``sb`` in place; pools that
+    fit no rule stay unbounded (uncertain)."""
+    for j in np.flatnonzero(pools):
+        if np.isnan(keys[j]).any():
+            sb.nan[j] = sb.dead[j] = True             # NaN in every order, never selectable
+            continue
+        a = _atoms(q, w, keys[j:j + 1])[0]
+        pos, neg = (a == np.inf).any(), (a == -np.inf).any()
+        with np.errstate(invalid="ignore", over="ignore"):
+            qc, wq = np.abs(keys[j][None, :] * q), np.abs(w[:, None] * q)
+        # every partial sum of either route is below the sum of its finite terms' magnitudes
+        tame = all(np.where(np.isfinite(x), x, 0.0).sum() < OVERFLOW_LIMIT for x in (a, qc, wq))
+        if np.isnan(a).any() or (pos and neg):
+            sb.nan[j] = sb.dead[j] = True
+        elif tame and pos:
+            sb.saturated[j] = True
+        elif tame and neg:
+            sb.dead[j] = True
+
+
+def _overflows_in_some_order(q: np.ndarray, w: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """bool ``[v]``: finite pools for which some summation order of some route of §4.2 provably
+    overflows fp32 (docs/certificates.md §2.4): a same-sign part of one of its sums (a head's dot,
+    the weighted head sum, a ``qbar_d``, the ``qbar`` dot) reaches :data:`OVERFLOW_SURE` even
+    after every term shrinks by its rounding (``(1 - n u)``); summing that part first overflows."""
+    def sure(terms, axis):
+        n = terms.shape[axis]
+        shrink = max(1.0 - (n + 2) * U_FAITHFUL, 0.0)
+        pos = np.where(terms > 0, terms, 0.0).sum(axis=axis)
+        neg = np.where(terms < 0, -terms, 0.0).sum(axis=axis)
+        return np.maximum(pos, neg) * shrink >= OVERFLOW_SURE
+    prods = keys[:, None, :] * q[None, :, :]                          # [v, H, D], exact in float64
+    dots = prods.sum(axis=-1)
+    qbar = (w[:, None] * q).sum(axis=0)
+    out = sure(prods, -1).any(axis=1) | sure(w[None, :] * dots, -1) | sure(qbar[None, :] * keys, -1)
+    return out | bool(sure(w[:, None] * q, 0).any())

@@ -31,7 +31,7 @@ import torch
 
 from reference.numerics import visible_pools
 
-from .scores import ScoreBounds, score_bounds
+from .scores import FP32_MAX, ScoreBounds, score_bounds
 
 TIE_POLICIES = ("canonical", "any")
 """Tie policies of an implementation (module docstring); ``canonical`` is the default."""
@@ -189,6 +189,26 @@ def _exact_tie_order(sel: List[int], scores: np.ndarray, classes: list) -> Optio
     return None
 
 
+def _effective(sb: ScoreBounds):
+    """``(scores, bounds)`` with the derived rules of docs/certificates.md §2.4 applied: a pool
+    ``+inf`` in every order scores exactly :data:`FP32_MAX` (bound 0), one ``-inf`` or NaN in every
+    order ``-inf`` (never selectable). Free pools (overflow in some order) keep their exact score;
+    the callers give them the whole real line."""
+    scores, bounds = sb.scores.copy(), sb.bounds.copy()
+    scores[sb.saturated], bounds[sb.saturated] = FP32_MAX, 0.0
+    scores[sb.dead | sb.nan], bounds[sb.dead | sb.nan] = -np.inf, 0.0
+    return scores, bounds
+
+
+def _nan_selected(pools: List[int], sb: ScoreBounds) -> Optional[str]:
+    """Why a row is wrong when it selects a pool whose score is NaN in every order, else None."""
+    bad = [p for p in pools if 0 <= p < sb.nan.shape[0] and sb.nan[p]]
+    if bad:
+        return (f"pool {bad[0]} is selected although its score is NaN in every summation order "
+                "(sanitized to LOWEST: never selectable)")
+    return None
+
+
 def valid_top_k(pools: List[int], sb: ScoreBounds, classes: Optional[list] = None) -> Optional[str]:
     """None if ``pools`` (a row's slots in rank order, ``-1`` empty) is the top-k, in descending
     order, of some scores ``s_j`` in ``[S_j - b_j, S_j + b_j]`` (docs/certificates.md §4.1),
@@ -198,27 +218,39 @@ def valid_top_k(pools: List[int], sb: ScoreBounds, classes: Optional[list] = Non
     Such scores exist iff every pool ranked (or selected) before another may score at least as
     much: ``S_b - b_b <= min over earlier a of (S_a + b_a)``, and no unselected valid pool's
     lower end exceeds the smallest upper end of the selection (a greedy choice of decreasing
-    values then fits every interval).
+    values then fits every interval). A free pool (``sb.free``: overflows in some order, §2.4)
+    may score anything, LOWEST included: it may be selected at any rank or left out.
     """
-    scores, bounds = sb.scores, sb.bounds
+    scores, bounds = _effective(sb)
+    free = sb.free
     v = scores.shape[0]
     sel = [p for p in pools if p >= 0]
     if any(p >= v for p in sel):
         return f"pool {max(sel)} is not visible ({v} visible pools)"
-    if any(not np.isfinite(scores[p]) for p in sel):
+    why = _nan_selected(sel, sb)
+    if why:
+        return why
+    if any(not np.isfinite(scores[p]) and not free[p] for p in sel):
         return "a selected pool has no finite score"
-    selectable = int(np.isfinite(scores).sum())
+    definite = np.isfinite(scores) & ~free
+    selectable = int(definite.sum())
     if len(sel) < min(len(pools), selectable):
         return f"{len(sel)} pools selected, {selectable} selectable"
+    if len(sel) < len(pools):
+        left = np.setdiff1d(np.flatnonzero(definite), np.asarray(sel, dtype=np.int64))
+        if left.size:
+            return f"pool {int(left[0])} is selectable but left out while a slot is empty"
     upper, top = np.inf, None                   # smallest S_a + b_a over the pools ranked so far
     for b in sel:
+        if free[b]:
+            continue
         if top is not None and scores[b] - bounds[b] > upper:
             return (f"pool {top} ranked above pool {b} although {scores[b] - scores[top]:.3g} lower "
                     f"(bounds {bounds[top]:.3g} + {bounds[b]:.3g})")
         if scores[b] + bounds[b] < upper:
             upper, top = scores[b] + bounds[b], b
-    rest = np.setdiff1d(np.flatnonzero(np.isfinite(scores)), np.asarray(sel, dtype=np.int64))
-    if sel and rest.size:
+    rest = np.setdiff1d(np.flatnonzero(definite), np.asarray(sel, dtype=np.int64))
+    if top is not None and rest.size:
         best = int(rest[np.argmax(scores[rest] - bounds[rest])])
         if scores[best] - bounds[best] > upper:
             return (f"unselected pool {best} scores {scores[best] - scores[top]:.3g} above selected pool {top} "
@@ -233,29 +265,36 @@ def _cross_check(sel_k: List[int], sel_r: List[int], K_pool: int, sb: ScoreBound
     two pools the rows rank in opposite orders are within ``b_a + b_b`` of each other. Both
     follow from :func:`valid_top_k` of both rows when the two caches agree; when they differ
     (a certified rounding boundary, or a cache fault) they are what ties the rows together."""
-    finite = np.isfinite(sb.scores)
+    scores, bounds = _effective(sb)
+    free = sb.free
+    finite = np.isfinite(scores) & ~free
     if not finite.any():
         return None
-    v = sb.scores.shape[0]
-    ranked = np.sort(sb.scores[finite])[::-1]
-    boundary = ranked[min(K_pool, ranked.size) - 1]
-    b_max = float(sb.bounds[finite].max())
+    v = scores.shape[0]
+    ranked = np.sort(scores[finite])[::-1]
+    # free pools (§2.4) may take up to that many slots above the boundary: a band of boundaries
+    last = min(K_pool, ranked.size) - 1
+    low, high = ranked[last], ranked[max(last - int(free.sum()), 0)]
+    b_max = float(bounds[finite].max())
     for p in sorted(set(sel_k) ^ set(sel_r)):
-        if p < v and abs(sb.scores[p] - boundary) > sb.bounds[p] + b_max:
-            return (f"pool {p} is {abs(sb.scores[p] - boundary):.3g} from the boundary score {boundary:.6g}, "
-                    f"beyond the accumulation bound {sb.bounds[p] + b_max:.3g}")
+        if p >= v or free[p]:
+            continue
+        off = max(low - scores[p], scores[p] - high, 0.0)
+        if off > bounds[p] + b_max:
+            return (f"pool {p} is {off:.3g} from the boundary score {low:.6g}, "
+                    f"beyond the accumulation bound {bounds[p] + b_max:.3g}")
     rank_r = {p: i for i, p in enumerate(sel_r)}
-    common = np.array([p for p in sel_k if p in rank_r and p < v], dtype=np.int64)   # in kernel order
+    common = np.array([p for p in sel_k if p in rank_r and p < v and not free[p]], dtype=np.int64)  # kernel order
     if common.size > 1:
         rr = np.array([rank_r[p] for p in common])
         swapped = np.triu(rr[:, None] > rr[None, :], k=1)            # a before b in kernel, after in reference
-        gap = np.abs(sb.scores[common][:, None] - sb.scores[common][None, :])
-        tol = sb.bounds[common][:, None] + sb.bounds[common][None, :]
+        gap = np.abs(scores[common][:, None] - scores[common][None, :])
+        tol = bounds[common][:, None] + bounds[common][None, :]
         bad = np.argwhere(swapped & (gap > tol))
         if bad.size:
             a, b = (int(common[i]) for i in bad[0])
             return (f"pools {a} and {b} are ranked in opposite orders but differ by "
-                    f"{abs(sb.scores[a] - sb.scores[b]):.3g} (bounds {sb.bounds[a]:.3g} + {sb.bounds[b]:.3g})")
+                    f"{abs(scores[a] - scores[b]):.3g} (bounds {bounds[a]:.3g} + {bounds[b]:.3g})")
     return None
 
 
@@ -282,18 +321,26 @@ def certify_tie_row(ctx: TieContext, t: int, kernel_row: Sequence[int], referenc
     rp, r_ok = parse_row(reference_row, tail, index_topk=ctx.index_topk, index_kpool=ctx.index_kpool)
     if not (k_ok and r_ok):
         return False, f"{'kernel' if not k_ok else 'reference'} row is not a well-formed selection"
-    if [p < 0 for p in kp] != [p < 0 for p in rp]:
-        return False, "the -1 slots differ"
     sel_k, sel_r = [p for p in kp if p >= 0], [p for p in rp if p >= 0]
     seen: dict = {}                             # both caches usually hold the same visible keys
+    sides = []
     for name, pools, cache in (("kernel", kp, ctx.kernel_cache), ("reference", rp, ctx.reference_cache)):
         keys = visible_keys_f64(ctx, t, cache)
         sb = seen.get(keys.tobytes())
         if sb is None:
             sb = seen[keys.tobytes()] = row_scores_f64(ctx, t, cache, keys=keys)
-        if sb.unbounded.any():
-            return False, (f"{name} side: pool {int(np.flatnonzero(sb.unbounded)[0])} has an infinite key or "
+        why = _nan_selected(pools, sb)
+        if why:
+            return False, f"{name} row: {why}"
+        sides.append((name, pools, keys, sb))
+    for name, _pools, _keys, sb in sides:
+        if sb.uncertain.any():
+            return False, (f"{name} side: pool {int(np.flatnonzero(sb.uncertain)[0])} has an infinite key or "
                            "a magnitude near fp32 overflow: no bound covers its score")
+    # a free pool (§2.4) may be left out on one side only: the -1 slots may then differ
+    if not any(sb.free.any() for *_, sb in sides) and [p < 0 for p in kp] != [p < 0 for p in rp]:
+        return False, "the -1 slots differ"
+    for name, pools, keys, sb in sides:
         classes = exact_tie_classes(ctx, keys, sb) if tie_policy == "canonical" else None
         why = valid_top_k(pools, sb, classes) or _cross_check(sel_k, sel_r, len(kp), sb)
         if why:

@@ -128,6 +128,8 @@ def failure_kind(error: Optional[BaseException]) -> Optional[str]:
     """The class of a generated run's error (:attr:`GeneratedOutcome.failure_kind`)."""
     if error is None:
         return None
+    if getattr(error, "failure_kind", None):      # an error that names its class (parity.isolation.WorkerDied)
+        return error.failure_kind
     from hypothesis.errors import Flaky
     for cls, kind in ((ParityFailure, "parity"), (HarnessCrash, "harness-crash"),
                       (Nondeterministic, "nondeterministic"), (Flaky, "flaky")):

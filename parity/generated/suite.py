@@ -11,6 +11,7 @@ from cases.corpus import describe
 from cases.profiles import load_profile
 
 from ..coverage import Coverage
+from ..implementations.semantics import REFUSED
 from .driver import error_summary, run_generated
 from .warmup import warm_kernels
 
@@ -27,15 +28,48 @@ def _expectation(kernel: str) -> dict:
     return {"expect": "pass", **({"kernel": kernel} if kernel != "kpool" else {})}
 
 
+def _isolated_warm_up(worker, kpools, score_modes):
+    """:func:`warm_kernels` with every warm-up case run in the isolated worker
+    (:class:`parity.isolation.CaseWorker`): a crash is that warm-up case's failure."""
+    import time
+
+    from .warmup import WarmUp, warm_up_cases
+    t0 = time.perf_counter()
+    out = WarmUp()
+    for case in warm_up_cases(kpools, score_modes):
+        res = worker.run_case(case, {"check_oracle": False})
+        if not res.ok:
+            out.failed.append((case, res))
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
 def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine"), kernel_forward=None,
-                        counts=None, semantics=None) -> int:
+                        counts=None, semantics=None, isolate: bool = False) -> int:
     """Warm the kernel under test, then run a profile's budget of generated batches and engine
     sequences on it; print coverage. Every failure is a finding, never a traceback: a failing
     warm-up case is printed as a results table and bundled, a shrunk generated failure is printed,
     bundled and kept in the run's ``corpus-candidates`` directory (promote it with
     ``python -m parity corpus add PATH``). ``semantics``
     (:class:`parity.implementations.semantics.RunSemantics`): every generated case gets its score
-    mode (the warm-up warms only that mode) and the run's tie policy."""
+    mode (the warm-up warms only that mode) and the run's tie policy. ``isolate``: the warm-up
+    and each kind run in a child worker process (:class:`parity.isolation.CaseWorker`, resolving
+    ``args.kernel`` there): a crash of the implementation, even a segfault, fails that kind with
+    the signal instead of ending the run."""
+    worker = None
+    if isolate:
+        from ..isolation import CaseWorker
+        worker = CaseWorker(args.kernel, semantics, device)
+    try:
+        return _run_generated_suite(args, device, console, kinds=kinds, kernel_forward=kernel_forward, counts=counts,
+                                    semantics=semantics, worker=worker)
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+def _run_generated_suite(args, device: str, console, *, kinds, kernel_forward, counts, semantics, worker) -> int:
+    """:func:`run_generated_suite` (``worker``: its isolated worker, or ``None``)."""
     from rich.markup import escape
 
     from .. import commands, report
@@ -53,7 +87,8 @@ def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine")
     from ..implementations.semantics import RunSemantics
     semantics = semantics or RunSemantics()
     modes = (semantics.score_mode,) if semantics.score_mode else ("relu", "merged")
-    warm = warm_kernels(device, kpools=prof.bounds.kpools, score_modes=modes, kernel_forward=kernel_forward)
+    warm = _isolated_warm_up(worker, prof.bounds.kpools, modes) if worker is not None else \
+        warm_kernels(device, kpools=prof.bounds.kpools, score_modes=modes, kernel_forward=kernel_forward)
     console.print(f"[bold]generated[/]: kernel={escape(args.kernel)}, profile {prof.name} ({prof.batch_examples} batches, "
                   f"{prof.engine_examples} engine sequences, plus the guaranteed-coverage cases; "
                   f"{'fixed order, seed ' + str(prof.seed) if prof.seed is not None else 'random order'}; "
@@ -71,19 +106,24 @@ def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine")
     summary = {}
     seed = args.seed if getattr(args, "seed", 0) else None
     for kind in kinds:
-        out = run_generated(kind, device=device, profile=prof, seed=seed, kernel_forward=kernel_forward,
-                            semantics=semantics,
-                            check_oracle=not args.no_oracle, corpus_dir=commands.candidates_dir(args),
-                            corpus_info={"note": f"found by python -m parity run --suite generated ({prof.name})",
-                                         **_expectation(args.kernel)})
+        kw = dict(profile=prof, seed=seed, check_oracle=not args.no_oracle, corpus_dir=commands.candidates_dir(args),
+                  corpus_info={"note": f"found by python -m parity run --suite generated ({prof.name})",
+                               **_expectation(args.kernel)})
+        before = REFUSED[0]
+        out = worker.run_generated(kind, kw) if worker is not None else \
+            run_generated(kind, device=device, kernel_forward=kernel_forward, semantics=semantics, **kw)
+        refused = getattr(out, "unsupported_calls", REFUSED[0] - before)   # the worker counts its own
         total.merge(out.coverage)
         line = (f"  generated {kind}: {out.passed_examples} examples passed, {out.examples} run, "
-                f"{out.wall_s:.1f} s (compile {out.jit_s:.1f} s): ")
+                f"{out.wall_s:.1f} s (compile {out.jit_s:.1f} s)"
+                + (f", {refused} steps unsupported by IMPL (not asked, not failures)" if refused else "") + ": ")
         summary[kind] = {"passed_examples": out.passed_examples, "examples": out.examples, "wall_s": out.wall_s,
                          "ok": out.ok, "failure": out.failure_kind, "saved": str(out.saved) if out.saved else None,
                          "slow_examples": out.slow}
         lines.append(f"{kind} {out.passed_examples}/{out.examples} examples passed"
-                     + ("" if out.ok else f", FAILED ({out.failure_kind})"))
+                     + ("" if out.ok else f", FAILED ({out.failure_kind})")
+                     + (f", {refused} steps unsupported by IMPL" if refused else ""))
+        summary[kind]["unsupported_steps"] = refused
         if out.slow:
             console.print(escape(f"  note: {len(out.slow)} {kind} examples slower than {prof.slow_example_s:g} s "
                                  f"(a warning, not a failure): {out.slow[0]}"))

@@ -12,7 +12,9 @@ an :class:`Implementation`:
 * ``mutant:NAME``: a planted fault (:mod:`parity.mutants`);
 * ``git:REV``: this repository's kernels at a git revision (:mod:`.git_rev`);
 * ``vllm-ascend:PATH``: vLLM-Ascend's two operators from a checkout (:mod:`.vllm_ascend`);
-* ``package.module:function``: any function with ``kpool.indexer.forward``'s signature.
+  ``vllm-ascend:PATH@REV``: from git revision REV of that checkout (:mod:`.checkout_rev`);
+* ``package.module:function``: any function with ``kpool.indexer.forward``'s signature, or an
+  :class:`Implementation` object (declared semantics: tie policy, ``supports``...).
 
 Later kinds (a vendor checkout, a git revision of this repository) add a module here and call
 :func:`register_kind`; nothing else in the harness changes.
@@ -45,6 +47,14 @@ class Implementation:
         package: the importable package whose ``ops`` kernels :mod:`parity.programs` can
             localise (``"kpool"`` or a mutant copy), or ``None``.
         description: one line for ``python -m parity list``.
+        supports: the optional modes of :data:`parity.implementations.semantics.MODES` it has
+            (``"no-tail"``: ``always_select_tail=False``; ``"fixed-tail"``: ``pack_tail=False``;
+            ``"output-buffer"``: a caller ``output_buffer``), or ``None`` for every mode. A step
+            of any suite that needs another mode is reported ``unsupported`` ("unsupported by
+            IMPL": counted, never a crash or a failure, ignored by the exit status; the operator
+            is not called, :func:`parity.implementations.semantics.gated_by_modes`).
+        interp_rne: its fp32 -> bf16 casts round to nearest even on the hardware, so a run under
+            the interpreter emulates that (``--interp-rne``) unless ``--no-interp-rne`` is given.
     """
 
     spec: str
@@ -55,6 +65,8 @@ class Implementation:
     interpreter_ok: bool = True
     package: Optional[str] = None
     description: str = ""
+    supports: Optional[frozenset] = None
+    interp_rne: bool = False
 
     def with_semantics(self, **changes) -> "Implementation":
         """A copy with some declared semantics overridden (the CLI's ``--score-mode``,
@@ -122,9 +134,14 @@ def _mutant(spec: str, rest: str) -> Implementation:
 
 
 def _module_function(spec: str, rest: str) -> Implementation:
+    """``package.module:NAME``: a function with ``kpool.indexer.forward``'s signature (every
+    semantics the default), or an :class:`Implementation` object (its declared semantics, e.g. a
+    reduced ``supports``; the spec becomes ``spec``)."""
     module, name = rest.rsplit(":", 1)
-    fn = getattr(importlib.import_module(module), name)
-    return Implementation(spec, fn, description=f"{module}.{name}")
+    obj = getattr(importlib.import_module(module), name)
+    if isinstance(obj, Implementation):
+        return replace(obj, spec=spec, description=obj.description or f"{module}.{name}")
+    return Implementation(spec, obj, description=f"{module}.{name}")
 
 
 def _git_revision(spec: str, rest: str) -> Implementation:
@@ -135,9 +152,11 @@ def _git_revision(spec: str, rest: str) -> Implementation:
 
 
 def _vllm_ascend(spec: str, rest: str) -> Implementation:
-    from .vllm_ascend import DECLARED, load
-    forward, description = load(rest)
-    return Implementation(spec, forward, description=description, **DECLARED)
+    from .checkout_rev import resolve_checkout
+    from .vllm_ascend import declared, load
+    path, at = resolve_checkout(rest)        # PATH@REV: a temporary worktree's copy (checkout_rev)
+    forward, description = load(path)
+    return Implementation(spec, forward, description=description + at, **declared(path))
 
 
 def _builtin() -> None:
@@ -146,7 +165,7 @@ def _builtin() -> None:
         register_kind("mutant", "mutant:", _mutant, "mutant:NAME")
         register_kind("git", "git:", _git_revision, "git:REV")
         register_kind("vllm-ascend", "vllm-ascend:", _vllm_ascend,
-                      "vllm-ascend:PATH (a vLLM-Ascend checkout; empty: installed)")
+                      "vllm-ascend:PATH[@REV] (a vLLM-Ascend checkout, or git revision REV of it; empty: installed)")
 
 
 def usages() -> Tuple[str, ...]:

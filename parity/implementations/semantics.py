@@ -9,7 +9,11 @@ defaults (:class:`parity.implementations.Implementation`).
 * validation outside the operator (kpool-algorithm.md §9, parity-contract.md §5):
   :func:`validated_by` runs :func:`kpool.validation.validate_forward` before the operator, and
   marks what it raises so the bad-input checks say "not validated by the operator";
-* ``--interp-rne``: the forward runs inside :func:`parity.interp_rne.round_to_nearest_even`.
+* ``--interp-rne``: the forward runs inside :func:`parity.interp_rne.round_to_nearest_even`;
+* declared modes (:data:`MODES`, ``Implementation.supports``): a call that needs a mode the
+  implementation does not have raises :class:`UnsupportedModeError` before the operator is asked
+  (:func:`gated_by_modes`); the runner reports that step as ``unsupported`` ("unsupported by
+  IMPL", :data:`parity.findings.UNSUPPORTED`), never as a crash or a failure.
 
 Imports no torch at module import (the CLI's ``--help`` reads the choices here).
 """
@@ -28,6 +32,89 @@ operator) or ``none`` (the operator's own validation only)."""
 VALIDATED_BY = "parity_validated_by"
 """Attribute set on an exception raised by the harness's validation, not by the operator."""
 NOT_VALIDATED_NOTE = "not validated by the operator: rejected by the harness's kpool validation (--validate-with kpool)"
+MODES = ("no-tail", "fixed-tail", "output-buffer")
+"""Optional modes of ``kpool.indexer.forward`` an implementation may lack: ``no-tail``
+(``always_select_tail=False``, kpool-algorithm.md §10), ``fixed-tail`` (``pack_tail=False``,
+§4.5), ``output-buffer`` (a caller ``output_buffer``, §4.6)."""
+
+
+class UnsupportedModeError(Exception):
+    """A forward call needs modes the implementation under test declares it does not support.
+
+    Attributes:
+        modes: the needed, unsupported modes (subset of :data:`MODES`), sorted.
+        implementation: the implementation's spec (``"vllm-ascend:PATH"``...).
+    """
+
+    def __init__(self, modes, implementation: str = ""):
+        self.modes = tuple(sorted(modes))
+        self.implementation = implementation
+        super().__init__(f"unsupported by {implementation or 'the implementation'}: the step needs "
+                         f"{', '.join(self.modes)} ({', '.join(MODE_ARGUMENTS[m] for m in self.modes)}), "
+                         "which it declares it does not support")
+
+
+MODE_ARGUMENTS = {"no-tail": "always_select_tail=False", "fixed-tail": "pack_tail=False",
+                  "output-buffer": "a caller output_buffer"}
+"""The forward argument behind each mode of :data:`MODES`."""
+
+
+def modes_needed(kwargs: dict) -> frozenset:
+    """The modes of :data:`MODES` a forward call with keyword arguments ``kwargs`` needs."""
+    needed = set()
+    if kwargs.get("always_select_tail", True) is False:
+        needed.add("no-tail")
+    if kwargs.get("pack_tail", True) is False:
+        needed.add("fixed-tail")
+    if kwargs.get("output_buffer") is not None:
+        needed.add("output-buffer")
+    return frozenset(needed)
+
+
+def check_modes(supports) -> Optional[frozenset]:
+    """``supports`` as a frozenset of :data:`MODES` (``None`` stays ``None``: every mode).
+
+    Raises:
+        ValueError: a name outside :data:`MODES`.
+    """
+    if supports is None:
+        return None
+    supports = frozenset(supports)
+    unknown = sorted(supports - set(MODES))
+    if unknown:
+        raise ValueError(f"unknown mode(s) {unknown}; known: {list(MODES)}")
+    return supports
+
+
+def gated_by_modes(forward: Callable, supports, implementation: str = "") -> Callable:
+    """``forward`` preceded by a check of :func:`modes_needed` against ``supports`` (``None``:
+    ``forward`` itself).
+
+    Raises (of the returned forward): :class:`UnsupportedModeError` when the call needs a mode
+    outside ``supports``; the operator is then not called.
+    """
+    supports = check_modes(supports)
+    if supports is None:
+        return forward
+
+    @functools.wraps(forward)
+    def gated(**kwargs):
+        missing = modes_needed(kwargs) - supports
+        if missing:
+            REFUSED[0] += 1
+            raise UnsupportedModeError(missing, implementation)
+        return forward(**kwargs)
+    return gated
+
+
+REFUSED = [0]
+"""Forward calls refused by :func:`gated_by_modes` in this process so far (the generated suite,
+whose examples are not tabled, reports the calls refused during its run)."""
+
+
+def is_unsupported(exc: Optional[BaseException]) -> bool:
+    """Whether ``exc`` is an :class:`UnsupportedModeError` (the step's outcome is ``unsupported``)."""
+    return isinstance(exc, UnsupportedModeError)
 
 
 @dataclass(frozen=True)
@@ -39,20 +126,27 @@ class RunSemantics:
         tie_policy: ``"canonical"`` or ``"any"``.
         validate_with: ``"kpool"`` or ``None``.
         interp_rne: emulate round-to-nearest-even fp32 -> bf16 casts under the interpreter.
+        supports: the modes of :data:`MODES` the implementation has (sorted tuple), or ``None``
+            (every mode); steps needing another are ``unsupported`` (:func:`gated_by_modes`).
+        implementation: the spec named in "unsupported by IMPL" messages.
     """
 
     score_mode: Optional[str] = None
     tie_policy: str = "canonical"
     validate_with: Optional[str] = None
     interp_rne: bool = False
+    supports: Optional[tuple] = None
+    implementation: str = dataclasses.field(default="", compare=False)
 
     def case(self, case):
         """``case`` with :attr:`score_mode` applied (:func:`with_score_mode`)."""
         return with_score_mode(case, self.score_mode)
 
     def forward(self, forward: Callable) -> Callable:
-        """``forward`` wrapped for this run: validated first (``validate_with``), under RNE casts
-        (``interp_rne``); ``forward`` itself when neither is set."""
+        """``forward`` wrapped for this run: validated first (``validate_with``), then gated by
+        the declared modes (``supports``), under RNE casts (``interp_rne``); ``forward`` itself
+        when none is set."""
+        forward = gated_by_modes(forward, self.supports, self.implementation)
         if self.validate_with == "kpool":
             forward = validated_by(forward)
         if self.interp_rne:
@@ -62,22 +156,30 @@ class RunSemantics:
     def text(self) -> str:
         """One line for the run header."""
         return (f"score_mode={self.score_mode or 'per case'} ties={self.tie_policy} "
-                f"validate_with={self.validate_with or 'operator'} interp_rne={'on' if self.interp_rne else 'off'}")
+                f"validate_with={self.validate_with or 'operator'} interp_rne={'on' if self.interp_rne else 'off'}"
+                + ("" if self.supports is None else f" supports={','.join(self.supports) or 'none'}"))
 
 
 def from_options(options) -> RunSemantics:
     """The :class:`RunSemantics` recorded in a :class:`parity.session.RunOptions`."""
+    supports = getattr(options, "supports", None)
     return RunSemantics(score_mode=getattr(options, "score_mode", None),
                         tie_policy=getattr(options, "tie_policy", "canonical"),
                         validate_with=getattr(options, "validate_with", None),
-                        interp_rne=bool(getattr(options, "interp_rne", False)))
+                        interp_rne=bool(getattr(options, "interp_rne", False)),
+                        supports=None if supports is None else tuple(sorted(supports)),
+                        implementation=getattr(options, "implementation", "") or getattr(options, "kernel", "") or "")
 
 
 def resolve_semantics(implementation, *, score_mode: Optional[str] = None, ties: Optional[str] = None,
-                      validate_with: Optional[str] = None, interp_rne: bool = False) -> RunSemantics:
+                      validate_with: Optional[str] = None, interp_rne: Optional[bool] = None,
+                      supports=None) -> RunSemantics:
     """Flags over the implementation's declared defaults: ``score_mode`` (else its declared mode,
     else per case), ``ties`` (else its ``tie_policy``), ``validate_with`` (``"none"`` = off; else
-    ``kpool`` for an implementation that does not validate itself).
+    ``kpool`` for an implementation that does not validate itself), ``interp_rne`` (``None``: its
+    declared ``interp_rne``); the modes are the
+    implementation's ``supports`` (``None``: every mode), unless ``supports`` (``--supports``)
+    names them: a list of :data:`MODES`, or ``["all"]`` for every mode.
 
     Raises:
         ValueError: a value outside :data:`SCORE_MODES`, :data:`TIE_POLICIES`, :data:`VALIDATORS`.
@@ -91,7 +193,18 @@ def resolve_semantics(implementation, *, score_mode: Optional[str] = None, ties:
     return RunSemantics(score_mode=score_mode or implementation.score_mode,
                         tie_policy=ties or implementation.tie_policy,
                         validate_with=None if validate_with == "none" else validate_with,
-                        interp_rne=bool(interp_rne))
+                        interp_rne=bool(getattr(implementation, "interp_rne", False) if interp_rne is None
+                                        else interp_rne),
+                        supports=_supports(implementation, supports),
+                        implementation=getattr(implementation, "spec", ""))
+
+
+def _supports(implementation, flag) -> Optional[tuple]:
+    """The modes a run assumes: the ``--supports`` flag (``["all"]``: ``None``), else declared."""
+    if flag is not None:
+        return None if "all" in flag else tuple(sorted(check_modes(flag)))
+    declared = getattr(implementation, "supports", None)
+    return None if declared is None else tuple(sorted(check_modes(declared)))
 
 
 def with_score_mode(case, score_mode: Optional[str]):

@@ -15,6 +15,7 @@ from cases.public.model import PUBLIC_SIZE, Check, PublicCase, PublicRun
 
 from .. import compare as cmp
 from ..checked_reference import checked_reference
+from ..findings import UNSUPPORTED
 from ..recording import Recorder
 from ..results import CaseResult
 from ..runner import run_case
@@ -64,11 +65,28 @@ def run_public(pc: PublicCase, device, *, kernel_forward=None, semantics=None, p
             if case.name in pc.must_fail:
                 checks.append(Check(f"{case.name}: harness reports the planted fault", not bad.empty,
                                     detail=", ".join(sorted(set(bad["verdict"]))) if not bad.empty else "no failure"))
+        unsupported = _unsupported_detail(runs)
+        if unsupported:   # stated values of steps the operator was never asked are not judged
+            checks = [Check("stated values", False, unsupported, UNSUPPORTED)]
+            return runs, checks
         try:
             checks += stated_checks(pc, runs, device=device, kernel_forward=kernel_forward, package=package)
         except Exception as exc:  # a crashed expectation is a failed one, with its reason
-            checks.append(Check("expectations evaluated", False, f"{type(exc).__name__}: {exc}", "crash"))
+            from ..implementations.semantics import is_unsupported
+            # a direct-call check that needs a mode the implementation lacks was not asked
+            verdict = UNSUPPORTED if is_unsupported(exc) else "crash"
+            checks.append(Check("expectations evaluated", False, f"{type(exc).__name__}: {exc}", verdict))
     return runs, checks
+
+
+def _unsupported_detail(runs: Dict[str, PublicRun]) -> str:
+    """The detail of the first ``unsupported`` step of ``runs`` ("unsupported by IMPL"), or ``""``."""
+    for run in runs.values():
+        rows = run.result.findings
+        hit = rows[rows["verdict"] == UNSUPPORTED] if len(rows) else rows
+        if len(hit):
+            return f"{run.case.name} step {hit['step'].iloc[0]}: {hit['detail'].iloc[0]}"
+    return ""
 
 
 def stated_checks(pc: PublicCase, runs: Dict[str, PublicRun], *, device=None, kernel_forward=None,

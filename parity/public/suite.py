@@ -13,13 +13,15 @@ from ..commands import EXIT_FAIL, EXIT_OK
 
 
 def run_public_suite(args, device: str, console, *, cids: Sequence[str], kernel_forward=None, counts=None,
-                     semantics=None, package: Optional[str] = "kpool") -> int:
+                     semantics=None, package: Optional[str] = "kpool", isolate: bool = False) -> int:
     """Run the public cases ``cids`` (:data:`cases.public.PUBLIC_CASES` ids) on ``kernel_forward``
     (default: the production kernels): harness findings plus stated-value checks. ``--report
     DIR`` writes ``DIR/public/``; ``--junit F`` writes ``F`` with ``-public`` before its extension.
     ``semantics`` (:class:`parity.implementations.semantics.RunSemantics`): score mode and tie
     policy of the run; ``package``: the implementation's kernel package, for the checks that need
-    its internal kernels (:mod:`parity.public.kernel_checks`).
+    its internal kernels (:mod:`parity.public.kernel_checks`). ``isolate``: run each public case in
+    a child worker process (:class:`parity.isolation.CaseWorker`, resolving ``args.kernel`` there):
+    a crash of the implementation ends that public case as one ``crash`` finding.
 
     Returns:
         The exit status (:data:`parity.commands.EXIT_OK` or ``EXIT_FAIL``).
@@ -33,15 +35,24 @@ def run_public_suite(args, device: str, console, *, cids: Sequence[str], kernel_
     console.print(f"[bold]public[/]: {len(selected)} public failure cases on {device}, kernel={escape(args.kernel)}")
     t0 = time.perf_counter()
     results = []
-    for pc in selected:
-        t = time.perf_counter()
-        res = public_results(pc, device, kernel_forward=kernel_forward, semantics=semantics, package=package)
-        results += res
-        bad = sum(len(r.failures) for r in res)
-        status = "[green]ok[/]" if not bad else f"[red]{bad} failures[/]"
-        checks = sum(int(r.findings["output"].astype(str).str.startswith("expected:").sum()) for r in res)
-        console.print(f"  {pc.cid} {escape(pc.title)}: {len(res)} cases, {checks} stated-value checks, "
-                      f"{time.perf_counter() - t:.1f} s, {status}")
+    worker = None
+    if isolate:
+        from ..isolation import CaseWorker
+        worker = CaseWorker(args.kernel, semantics, device)
+    try:
+        for pc in selected:
+            t = time.perf_counter()
+            res = worker.public_results(pc, package) if worker is not None else \
+                public_results(pc, device, kernel_forward=kernel_forward, semantics=semantics, package=package)
+            results += res
+            bad = sum(len(r.failures) for r in res)
+            status = "[green]ok[/]" if not bad else f"[red]{bad} failures[/]"
+            checks = sum(int(r.findings["output"].astype(str).str.startswith("expected:").sum()) for r in res)
+            console.print(f"  {pc.cid} {escape(pc.title)}: {len(res)} cases, {checks} stated-value checks, "
+                          f"{time.perf_counter() - t:.1f} s, {status}")
+    finally:
+        if worker is not None:
+            worker.close()
     wall = time.perf_counter() - t0
     df = report.results_table(results)
     summary = report.print_results(df, wall_s=wall, console=console, failures_only=args.failures_only,

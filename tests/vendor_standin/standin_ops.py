@@ -1,12 +1,21 @@
-"""What the stand-in vendor checkouts (``tests/vendor_standin/new`` and ``old``) compute: our
-kernels (:mod:`kpool.ops`) behind vLLM-Ascend's two operator signatures, so that
-``--kernel vllm-ascend:tests/vendor_standin/new`` is bit-exact in merged mode
-(kpool-algorithm.md §4.2 (M)) and the adapter (:mod:`parity.implementations.vllm_ascend`) can be
-tested without vLLM-Ascend. No vLLM-Ascend code: only the signatures are theirs.
+"""What the stand-in vendor checkouts compute: our kernels (:mod:`kpool.ops`) behind the
+signatures of every public vLLM-Ascend revision shape (docs/vendor-revisions.md), so that
+``--kernel vllm-ascend:tests/vendor_standin/X`` is bit-exact in merged mode (kpool-algorithm.md
+§4.2 (M)) and the adapter (:mod:`parity.implementations.vllm_ascend`) can be tested without
+vLLM-Ascend. No vLLM-Ascend code: only the signatures are theirs.
 
-The operator files import ``vllm.triton_utils`` and ``vllm_ascend.ops.triton.triton_utils`` like
-the real ones, so loading them exercises the adapter's stubs; the final row copy is a small
-Triton kernel of their own, launched on ``get_vectorcore_num()`` programs.
+* ``new``: the tail compression with ``tail_slot_mapping`` (12 arguments) and the indexer with
+  ``output_buffer``/``pack_tail``, whose decode rows go through a shared-query kernel that slices
+  pairs of rows with ``extract_slice``;
+* ``old``: the tail compression addressing the ring itself (11 arguments) and the fixed-layout
+  indexer (no ``pack_tail``/``output_buffer``), whose tail columns a kernel writes from positions
+  read with ``get_element``;
+* ``state``: the older state-cache compression (``[blocks, block_size, 2D]``) and the fixed-layout
+  indexer.
+
+Together the operator files import exactly the names of
+:data:`parity.implementations.vendor_manifest.STANDINS` (tests/test_vllm_ascend.py checks it), so
+loading them exercises the adapter's stand-ins and the interpreter's extension emulation.
 """
 from __future__ import annotations
 
@@ -85,3 +94,45 @@ def lightning_indexer(query, indexer_cache, weights, cum_query_lens, indexer_seq
     if T > 0:
         copy_rows(rows, output_buffer[:T])
     return output_buffer[:T]
+
+
+def fixed_layout_rows(query, indexer_cache, weights, cum_query_lens, indexer_seq_lens, indexer_block_table,
+                      positions, *, index_topk, index_kpool, max_pool_seq_len, ties="lower-id-first"):
+    """int32 ``[T, K_tok + P - 1]`` rows in the fixed layout (tail at column ``K_tok``,
+    kpool-algorithm.md §4.5 with ``pack_tail=False``), as the older indexer revisions write them."""
+    return lightning_indexer(query, indexer_cache, weights, cum_query_lens, indexer_seq_lens, indexer_block_table,
+                             positions, index_topk=index_topk, index_kpool=index_kpool,
+                             max_pool_seq_len=max_pool_seq_len, pack_tail=False, ties=ties)
+
+
+def state_compress_and_write_cache(state_cache, indexer_cache, k, gate_score, ape, positions, cum_query_lens,
+                                   seq_lens, state_slot_mapping, state_block_table, indexer_slot_mapping,
+                                   index_kpool):
+    """The older state-cache compression (kpool-algorithm.md §3.3 historical layout, §5) on our
+    kernel: each request's last ``P - 1`` positions before its query are read from the paged state
+    cache fp32 ``[blocks, block_size, 2D]`` (``[k | gate]`` rows, page ``p // block_size`` of
+    ``state_block_table``) into a scratch ring, :func:`compress_and_write_cache` pools, then every
+    live token's row is stored at its ``state_slot_mapping`` slot (``-1``: none)."""
+    import torch
+    T, D = k.shape
+    R, P, bs = cum_query_lens.shape[0], index_kpool, state_cache.shape[1]
+    ring = torch.zeros((max(R, 1), 2, P, D), dtype=torch.float32, device=k.device)
+    ring_slots = torch.full((T,), -1, dtype=torch.int64, device=k.device)
+    qs = 0
+    for r, (end, e) in enumerate(zip(cum_query_lens.tolist(), seq_lens.tolist())):
+        s = e - max(end - qs, 0)
+        for p in range(max(s - P, 0), s):
+            row = state_cache[int(state_block_table[r, p // bs]), p % bs]
+            ring[r, 0, p % P], ring[r, 1, p % P] = row[:D], row[D:]
+        if end > qs:
+            ring_slots[qs:end] = r * P + positions[qs:end].to(torch.int64) % P
+        qs = max(qs, end)
+    table = torch.arange(max(R, 1), dtype=torch.int32, device=k.device)[:, None]
+    compress_and_write_cache(ring, indexer_cache, k, gate_score, ape, positions, cum_query_lens, seq_lens,
+                             ring_slots, table, indexer_slot_mapping, index_kpool)
+    live = int(cum_query_lens[-1]) if R else 0
+    slots = state_slot_mapping[:live].to(torch.int64)
+    keep = slots >= 0
+    flat = state_cache.view(-1, 2 * D)
+    flat[slots[keep], :D] = k[:live][keep]
+    flat[slots[keep], D:] = gate_score[:live][keep]

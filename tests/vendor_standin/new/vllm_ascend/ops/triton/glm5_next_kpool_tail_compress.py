@@ -1,6 +1,6 @@
 """Stand-in for vLLM-Ascend's ``glm5_next_kpool_tail_compress.py`` (current revision, with
 ``tail_slot_mapping``; test data, not vLLM-Ascend code): its signature, our kernels."""
-from vllm.triton_utils import triton  # noqa: F401  (imported like the real file: exercises the stub)
+from vllm.triton_utils import triton  # noqa: F401  (imported like the real file: exercises the stand-in)
 
 from tests.vendor_standin import standin_ops
 

@@ -1,7 +1,7 @@
 """Stand-in for the OLDER revision of vLLM-Ascend's ``glm5_next_kpool_tail_compress.py``: no
 ``tail_slot_mapping`` argument, the ring addressed by ``tail_block_table[r, 0]`` and ``p % C``
 (test data, not vLLM-Ascend code)."""
-from vllm.triton_utils import triton  # noqa: F401  (imported like the real file: exercises the stub)
+from vllm.triton_utils import triton  # noqa: F401  (imported like the real file: exercises the stand-in)
 
 from tests.vendor_standin import standin_ops
 

@@ -1,0 +1,92 @@
+"""Crash isolation (issue 18, item 3): a crash of the implementation under test, even a segfault
+or an abort of its whole process, ends that case as one ``crash`` finding (signal, step, kernel
+call, faulthandler trace) with its bundle, and the run reports every other case
+(:mod:`parity.isolation`). Stand-in: :func:`tests.standin_impls.segfault_on_page_size_4`
+(this checkout's kernels; a read of address 0 through ctypes on the one small seed case with
+4-row pages, ``non-finite``).
+
+Costs (2-core CPU, user time; wall time doubles under load): unit tests < 0.1 s; integration:
+the CLI run about 5 s (two small cases, two worker starts), the abort test about 5 s, ab with a
+segfaulting side about 5 s, the public + generated test about 5 s (two worker starts).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parity.isolation import CaseWorker, exit_text, should_isolate
+from tests.helpers import parity_cli as _cli
+
+SPEC = "tests.standin_impls:segfault_on_page_size_4"
+
+
+def test_which_implementations_are_isolated():
+    assert not should_isolate("kpool") and not should_isolate("mutant:ape-reversed") and not should_isolate("git:HEAD")
+    for spec in ("vllm-ascend:../vllm-ascend", SPEC):
+        assert should_isolate(spec) and not should_isolate(spec, "off")
+        assert not should_isolate(spec, injected=True)          # a callable cannot be sent to a child
+    assert should_isolate("kpool", "on")
+    with pytest.raises(ValueError):
+        should_isolate("kpool", "sometimes")
+
+
+def test_exit_text_names_the_signal():
+    assert exit_text(-11) == "killed by signal SIGSEGV (11)" and exit_text(-6) == "killed by signal SIGABRT (6)"
+    assert exit_text(3) == "exit code 3" and exit_text(None) == "exit status unknown"
+
+
+
+@pytest.mark.integration
+def test_a_segfaulting_implementation_is_one_crash_finding_and_the_other_case_passes(tmp_path):
+    out = _cli("run", "--kernel", SPEC, "--suite", "seed", "--size", "small", "--case", "non-finite", "prefill-tail",
+               "--report", str(tmp_path / "r"))
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "isolated=yes" in out.stdout and "prefill-tail[small]: 3 steps" in out.stdout
+    rows = json.loads((tmp_path / "r" / "results.json").read_text())["results"]
+    bad = [r for r in rows if r["verdict"] != "exact"]
+    assert len(bad) == 1, bad
+    crash = bad[0]
+    assert (crash["case"], crash["verdict"], crash["output"], crash["step"]) == ("non-finite", "crash", "process", 0)
+    assert "SIGSEGV" in crash["detail"] and "kernel call 1" in crash["detail"] and "string_at" in crash["detail"]
+    assert {r["case"] for r in rows if r["verdict"] == "exact"} == {"prefill-tail"}
+    bundle = tmp_path / "r" / "bundles" / "non-finite-small"
+    assert (bundle / "case.json").is_file() and "crash" in (bundle / "findings.csv").read_text()
+
+
+@pytest.mark.integration
+def test_an_abort_is_a_crash_and_a_fresh_worker_takes_the_next_case(monkeypatch):
+    from cases.scenarios import seed_cases
+    from parity.implementations.semantics import RunSemantics
+    monkeypatch.setenv("PARITY_TEST_CRASH", "abort")         # inherited by the spawned worker
+    cases = {c.name: c for c in seed_cases(["small"])}
+    with CaseWorker(SPEC, RunSemantics(), "cpu") as worker:
+        first = worker.run_case(cases["prefill-tail"], {"check_oracle": False})
+        crashed = worker.run_case(cases["non-finite"], {"check_oracle": False})
+        after = worker.run_case(cases["prefill-tail"], {"check_oracle": False})
+        assert worker.starts == 2                               # one start, one replacement: not one per case
+    assert first.ok and after.ok and after.steps_run == 3
+    assert not crashed.ok and list(crashed.findings["verdict"]) == ["crash"]
+    assert "SIGABRT" in crashed.findings["detail"].iloc[0] and crashed.first_divergent_step == 0
+
+
+@pytest.mark.integration
+def test_ab_against_a_segfaulting_side_reports_the_crash():
+    out = _cli("ab", "--baseline", "kpool", "--candidate", SPEC, "--suite", "seed", "--size", "small",
+               "--case", "non-finite", "--device", "cpu")
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "differ" in out.stdout and "candidate 1 failures" in out.stdout
+
+
+@pytest.mark.integration
+def test_public_and_generated_runs_survive_a_segfault():
+    """A public case and a generated kind whose implementation segfaults at its first call: one
+    crash each, reported (not a dead run)."""
+    from cases.public import PUBLIC_CASES
+    from parity.implementations.semantics import RunSemantics
+    with CaseWorker("tests.standin_impls:segfault_always", RunSemantics(), "cpu") as worker:
+        (crashed,) = worker.public_results(PUBLIC_CASES["C07"], None)
+        gen = worker.run_generated("batch", {"examples": 1, "check_oracle": False})
+    assert crashed.case_id.startswith("C07:") and list(crashed.findings["verdict"]) == ["crash"]
+    assert "SIGSEGV" in crashed.findings["detail"].iloc[0]
+    assert gen.failure_kind == "crash" and "SIGSEGV" in str(gen.error)

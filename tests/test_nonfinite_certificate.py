@@ -1,0 +1,85 @@
+"""The derived rules for non-finite and overflowing pool scores (docs/certificates.md §2.4;
+parity.certificates.scores, parity.certificates.ties): a pool ``+inf`` in every summation order
+ties at exactly fp32 max, one NaN in every order is never selectable (and a row that selects it
+is named), a finite pool that overflows fp32 in some order may take any rank or none; every
+other difference of the row is still judged by the bounds (a real difference is not certified).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from parity.certificates import score_bounds, valid_top_k
+from parity.certificates.scores import FP32_MAX
+from parity.certificates.ties import _cross_check
+
+INF = np.inf
+
+
+def _row(q_inf=None, keys=None):
+    """One merged-mode row: H=2, D=4, unit weights; ``q_inf`` = (h, d, sign) plants an infinity."""
+    q = np.array([[1.0, 0.5, -0.25, 2.0], [0.5, 1.0, 1.0, -1.0]])
+    if q_inf is not None:
+        h, d, sign = q_inf
+        q[h, d] = sign * INF
+    w = np.array([1.0, 0.5])
+    return q, w, np.asarray(keys, dtype=np.float64)
+
+
+def test_infinite_query_classifies_every_pool_by_its_products():
+    keys = [[1.0, 0, 0, 0],          # +inf * 1: +inf in every order
+            [-1.0, 0, 0, 0],         # -inf: never selectable
+            [0.0, 1, 1, 1],          # inf * 0 = NaN
+            [2.0, 1, 0, 0]]
+    sb = score_bounds(*_row((0, 0, 1.0), keys), "merged")
+    assert sb.saturated.tolist() == [True, False, False, True]
+    assert sb.dead.tolist() == [False, True, True, False] and sb.nan.tolist() == [False, False, True, False]
+    assert not sb.uncertain.any()
+    q, w, _ = _row((0, 0, 1.0))
+    q[1, 1] = -INF
+    both = score_bounds(q, w, np.array([[2.0, -1, 0, 0],     # +inf and (-inf * -1): +inf
+                                        [2.0, 1, 0, 0]]), "merged")      # +inf and -inf: NaN
+    assert both.saturated.tolist() == [True, False] and both.nan.tolist() == [False, True]
+
+
+def test_saturated_pools_tie_at_fp32_max_and_a_real_difference_still_fails():
+    keys = [[1.0, 0, 0, 0], [3.0, 0, 0, 0], [-1.0, 0, 0, 0]]          # pools 0, 1 saturated, 2 -inf
+    sb = score_bounds(*_row((0, 0, 1.0), keys), "merged")
+    assert valid_top_k([1, 0], sb) is None and valid_top_k([0, 1], sb) is None     # exact tie at FP32_MAX
+    assert _cross_check([1, 0], [0, 1], 2, sb) is None
+    assert "no finite score" in valid_top_k([2, 0], sb)                # the -inf pool is never selectable
+    assert "selectable" in valid_top_k([0, -1], sb)                    # a saturated pool left out
+
+
+def test_a_selected_nan_pool_is_named():
+    keys = [[0.0, 1, 1, 1], [1.0, 0, 0, 0]]
+    sb = score_bounds(*_row((0, 0, 1.0), keys), "merged")
+    assert "pool 0 is selected although its score is NaN" in valid_top_k([0, 1], sb)
+    assert valid_top_k([1, -1], sb) is None
+    nan_key = score_bounds(*_row(None, [[np.nan, 0, 0, 0], [1.0, 1, 1, 1]]), "merged")
+    assert "pool 0" in valid_top_k([0, 1], nan_key) and valid_top_k([1, -1], nan_key) is None
+
+
+def test_a_pool_that_overflows_in_some_order_is_free_and_nothing_else_is():
+    big = 2.0 ** 127
+    q, w, _ = _row()
+    keys = np.array([[big, big, big, big],     # products up to 2^128: positives first overflow
+                     [5.0, 0, 0, 0],           # finite: 5 + 0.25 = 5.25
+                     [1.0, 0, 0, 0],           # 1.25
+                     [-1.0, 0, 0, 0]])         # -1.25
+    sb = score_bounds(q, w, keys, "merged")
+    assert sb.free.tolist() == [True, False, False, False] and not sb.uncertain.any()
+    for row in ([0, 1, 2], [1, 0, 2], [1, 2, 0], [1, 2, 3]):         # the free pool anywhere, or left out
+        assert valid_top_k(row, sb) is None, row
+    assert "ranked above" in valid_top_k([2, 1, 0], sb)              # the finite pools keep their order
+    assert "selectable" in valid_top_k([1, 0, -1], sb)               # pool 2 missing while a slot is empty
+    assert _cross_check([1, 2, 3], [0, 1, 2], 3, sb) is None
+    assert "boundary" in _cross_check([1, 3, 0], [1, 2, 0], 3, score_bounds(q, w, keys * [[1], [1], [1], [-40]],
+                                                                           "merged"))
+
+
+def test_large_but_never_overflowing_is_neither_free_nor_certified():
+    q, w, _ = _row()
+    keys = np.array([[2.0 ** 118, -(2.0 ** 118), 0.0, 0.0]])         # magnitude near 2^120, sums far below 2^128
+    sb = score_bounds(q, w, keys, "merged")
+    assert sb.unbounded[0] and not sb.free[0] and sb.uncertain[0]
+    assert sb.scores[0] != FP32_MAX
