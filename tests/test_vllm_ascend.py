@@ -226,6 +226,21 @@ def test_bad_input_is_rejected_by_the_callers_validation_and_said_so(validate_wi
         assert not res.ok and errors["verdict"].iloc[0] == "not-rejected"
 
 
+def test_a_direct_call_check_needing_an_absent_mode_is_unsupported_not_a_crash():
+    """C19's in-place replay hands the forward an output buffer; a fixed-layout revision declares
+    no ``output-buffer``: that check is ``unsupported`` (not asked), the case's other checks pass."""
+    from cases.public import PUBLIC_CASES
+    from parity.findings import UNSUPPORTED
+    from parity.public.runner import run_public
+    impl = resolve(f"vllm-ascend:{STANDIN['old']}")
+    sem = resolve_semantics(impl)
+    _, checks = run_public(PUBLIC_CASES["C19"], DEVICE, kernel_forward=sem.forward(impl.forward), semantics=sem,
+                           package=None)
+    direct = [c for c in checks if c.name == "expectations evaluated"]
+    assert len(direct) == 1 and direct[0].verdict == UNSUPPORTED, checks
+    assert "output-buffer" in direct[0].detail and all(c.ok for c in checks if c is not direct[0])
+
+
 def test_direct_call_checks_call_the_implementation_under_test():
     """C05's ``validate=False`` replay (parity.public.kernel_checks) launches the forward it is
     given, every step, not ``kpool`` behind its back."""
