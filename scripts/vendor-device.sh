@@ -37,7 +37,7 @@ reports=$(mktemp -d)
 printf 'revision\tmode\tdevice\trc\tseconds\tlast line\n' > "$summary"
 
 for rev in "$dir"/*/; do
-    rev=${rev%/}
+    rev=$(cd "$rev" && pwd)          # absolute: the runs start in the repository root
     name=$(basename "$rev")
     [ -f "$rev/vllm_ascend/ops/triton/glm5_next_lightning_indexer.py" ] || continue
     # the revision's shape and extensions, from its real signatures and imports

@@ -2,7 +2,7 @@
 (``tests/vendor_standin/new``: 12-argument tail compression, indexer with
 ``output_buffer``/``pack_tail`` and an ``extract_slice`` shared-query kernel; ``old``: 11-argument
 tail compression, fixed-layout indexer using ``get_element``; ``state``: the state-cache
-compression), the stand-ins' imports against the one manifest, the emulated triton-ascend
+compression and an indexer with ``compact_indices``), the stand-ins' imports against the one manifest, the emulated triton-ascend
 extensions, the run semantics declared per revision, planted faults in copies of the stand-ins,
 and the CLI end to end (integration tier).
 
@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 STANDIN = {w: f"tests/vendor_standin/{w}" for w in ("new", "old", "state")}
 INDEXER = "vllm_ascend/ops/triton/glm5_next_lightning_indexer.py"
 COMPRESS = "vllm_ascend/ops/triton/glm5_next_kpool_tail_compress.py"
-SHAPES = {"new": ("tail-slots", True, True, ("extract_slice",)),
-          "old": ("tail-ring", False, False, ("get_element",)),
-          "state": ("state", False, False, ())}
-"""Per stand-in: compression kind, indexer takes pack_tail, takes output_buffer, extensions."""
+SHAPES = {"new": ("tail-slots", "pack_tail", True, ("extract_slice",)),
+          "old": ("tail-ring", None, False, ("get_element",)),
+          "state": ("state", "compact_indices", False, ())}
+"""Per stand-in: compression kind, the indexer's layout switch, takes output_buffer, extensions."""
 
 
 DEVICE = "cpu"
@@ -97,7 +97,7 @@ def test_the_standins_import_exactly_the_manifests_names():
 def test_adapter_recognises_the_revision_shape_and_declares_its_semantics(which):
     impl = resolve(f"vllm-ascend:{STANDIN[which]}")
     rev = va.describe(va.load_operators(STANDIN[which]))
-    assert (rev.compress, rev.pack_tail, rev.output_buffer, rev.extensions) == SHAPES[which]
+    assert (rev.compress, rev.pack_flag, rev.output_buffer, rev.extensions) == SHAPES[which]
     assert (impl.score_mode, impl.tie_policy, impl.validates, impl.package, impl.interp_rne) == \
         ("merged", "any", False, None, True)
     assert impl.supports == ({"fixed-tail", "output-buffer"} if which == "new" else {"fixed-tail"})
@@ -224,6 +224,21 @@ def test_bad_input_is_rejected_by_the_callers_validation_and_said_so(validate_wi
         assert res.ok and NOT_VALIDATED_NOTE in errors["detail"].iloc[0]
     else:
         assert not res.ok and errors["verdict"].iloc[0] == "not-rejected"
+
+
+def test_a_direct_call_check_needing_an_absent_mode_is_unsupported_not_a_crash():
+    """C19's in-place replay hands the forward an output buffer; a fixed-layout revision declares
+    no ``output-buffer``: that check is ``unsupported`` (not asked), the case's other checks pass."""
+    from cases.public import PUBLIC_CASES
+    from parity.findings import UNSUPPORTED
+    from parity.public.runner import run_public
+    impl = resolve(f"vllm-ascend:{STANDIN['old']}")
+    sem = resolve_semantics(impl)
+    _, checks = run_public(PUBLIC_CASES["C19"], DEVICE, kernel_forward=sem.forward(impl.forward), semantics=sem,
+                           package=None)
+    direct = [c for c in checks if c.name == "expectations evaluated"]
+    assert len(direct) == 1 and direct[0].verdict == UNSUPPORTED, checks
+    assert "output-buffer" in direct[0].detail and all(c.ok for c in checks if c is not direct[0])
 
 
 def test_direct_call_checks_call_the_implementation_under_test():

@@ -10,10 +10,11 @@ signatures of its functions (:func:`describe`, docs/vendor-revisions.md):
 * compression: the tail ring with ``tail_slot_mapping`` (12 arguments), the tail ring addressed
   by ``tail_block_table[r, 0]`` and ``p % C`` (11 arguments), or the paged state cache
   ``[blocks, block_size, 2D]`` (:mod:`.vendor_state` converts our ring to it and back, bit-exactly);
-* indexer: with ``output_buffer``/``pack_tail`` (returns ``[T, 1, W]`` or ``[T, W]``), or the
-  older one that writes the fixed layout only (tail at column ``K_tok``): the adapter then moves
-  the tail to the packed column by §4.5's rule (the era's separate post-processing step), so the
-  packed contract of the harness is compared on the operator's own values.
+* indexer: with ``output_buffer``/``pack_tail`` (returns ``[T, 1, W]`` or ``[T, W]``), with
+  ``compact_indices`` (its packed layout, padding rows masked), or the older one that writes the
+  fixed layout only (tail at column ``K_tok``): the adapter then moves the tail to the packed
+  column by §4.5's rule (the era's separate post-processing step), so the packed contract of the
+  harness is compared on the operator's own values.
 
 Off-NPU the files are loaded with stand-ins for exactly the names they import
 (:data:`parity.implementations.vendor_manifest.STANDINS`), as :data:`sys.modules` entries that
@@ -190,13 +191,14 @@ class Revision:
     Attributes:
         compress: ``"tail-slots"`` (12 arguments, ``tail_slot_mapping``), ``"tail-ring"`` (11,
             ring addressed by ``tail_block_table[r, 0]``) or ``"state"`` (state cache).
-        pack_tail: the indexer takes ``pack_tail`` (else it writes the fixed layout only).
+        pack_flag: the indexer's layout switch, ``"pack_tail"`` or ``"compact_indices"`` (True:
+            packed), or ``None`` (it writes the fixed layout only).
         output_buffer: the indexer takes ``output_buffer``.
         extensions: the triton-ascend extensions its files import (:data:`EXTENSIONS`).
     """
 
     compress: str
-    pack_tail: bool
+    pack_flag: Optional[str]
     output_buffer: bool
     extensions: tuple
 
@@ -208,8 +210,8 @@ class Revision:
     def text(self) -> str:
         """One line: compression kind, indexer layout, extensions."""
         ext = f", triton-ascend {'+'.join(self.extensions)}" if self.extensions else ""
-        layout = "pack_tail/output_buffer" if self.pack_tail and self.output_buffer else (
-            "pack_tail" if self.pack_tail else "fixed tail layout")
+        layout = (f"{self.pack_flag}/output_buffer" if self.output_buffer else self.pack_flag) if self.pack_flag \
+            else "fixed tail layout"
         return f"{self.compress} compression, indexer with {layout}{ext}"
 
 
@@ -223,7 +225,8 @@ def describe(ops: Operators) -> Revision:
     indexer_params = inspect.signature(ops.indexer).parameters
     used = tuple(n for n in EXTENSIONS if any(getattr(m, n, None) is not None for m in (ops.indexer_module,
                                                                                          ops.compress_module)))
-    return Revision(compress, "pack_tail" in indexer_params, "output_buffer" in indexer_params, used)
+    pack_flag = next((f for f in ("pack_tail", "compact_indices") if f in indexer_params), None)
+    return Revision(compress, pack_flag, "output_buffer" in indexer_params, used)
 
 
 def packed_from_fixed(rows, positions, index_topk: int, index_kpool: int):
@@ -290,9 +293,9 @@ def make_forward(ops: Operators, rev: Optional[Revision] = None) -> Callable:
         W = index_topk + index_kpool - 1
         args = (q, compressed_cache, weights, cum_query_lens, seq_lens, block_table, positions)
         select = dict(index_topk=index_topk, index_kpool=index_kpool, max_pool_seq_len=max_pool_seq_len)
-        if rev.pack_tail:
+        if rev.pack_flag:
             buffer = dict(output_buffer=output_buffer) if rev.output_buffer else {}
-            out = indexer(*args, **select, **buffer, pack_tail=pack_tail)
+            out = indexer(*args, **select, **buffer, **{rev.pack_flag: pack_tail})
         else:
             out = indexer(*args, **select)
             if pack_tail:

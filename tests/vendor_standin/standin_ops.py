@@ -10,8 +10,8 @@ vLLM-Ascend. No vLLM-Ascend code: only the signatures are theirs.
 * ``old``: the tail compression addressing the ring itself (11 arguments) and the fixed-layout
   indexer (no ``pack_tail``/``output_buffer``), whose tail columns a kernel writes from positions
   read with ``get_element``;
-* ``state``: the older state-cache compression (``[blocks, block_size, 2D]``) and the fixed-layout
-  indexer.
+* ``state``: the older state-cache compression (``[blocks, block_size, 2D]``) and the indexer
+  with ``compact_indices`` (the fixed layout, or the packed one with padding rows masked).
 
 Together the operator files import exactly the names of
 :data:`parity.implementations.vendor_manifest.STANDINS` (tests/test_vllm_ascend.py checks it), so
