@@ -83,3 +83,23 @@ def test_large_but_never_overflowing_is_neither_free_nor_certified():
     sb = score_bounds(q, w, keys, "merged")
     assert sb.unbounded[0] and not sb.free[0] and sb.uncertain[0]
     assert sb.scores[0] != FP32_MAX
+
+
+def test_opposite_infinite_products_across_heads_are_not_nan_on_every_route():
+    # An infinite key channel met by heads of opposite signs: the per-head route sums +inf and
+    # -inf (NaN), but the merged query sum_h w_h q_hd = 0.5 is finite and positive, so the
+    # merged route scores +inf; under (R) relu(-inf) = 0 leaves +inf. The pool may be selected
+    # first on either mode: neither NaN nor dead (a correct kernel selecting it is no finding).
+    q, w, keys = np.array([[1.0], [-0.5]]), np.array([1.0, 1.0]), np.array([[INF], [1.0]])
+    for mode in ("merged", "relu"):
+        sb = score_bounds(q, w, keys, mode)
+        assert not sb.nan[0] and not sb.dead[0], mode
+        # +inf on one route, NaN on the other: FP32_MAX or LOWEST, so any rank or none
+        assert sb.free[0] and not sb.uncertain[0], mode
+    # a NaN key is NaN on every route (score -inf: never selectable)
+    sb = score_bounds(q, w, np.array([[np.nan], [1.0]]), "merged")
+    assert sb.nan[0] and sb.scores[0] == -INF
+    # opposite infinities inside one head's dot are NaN on both routes of (M) when qbar is
+    # one-signed: +inf * 1 and -inf * 1 in one dot, qbar_d > 0 for both channels
+    sb = score_bounds(np.array([[1.0, 1.0]]), np.array([1.0]), np.array([[INF, -INF]]), "merged")
+    assert sb.nan[0] and sb.dead[0]

@@ -60,7 +60,8 @@ class ScoreBounds:
             :data:`FP32_MAX` on every backend (docs/certificates.md §2.4).
         dead: bool, unbounded pools whose score is ``-inf`` or NaN in every order: LOWEST, never
             selectable (includes the unbounded ones of ``nan``).
-        free: bool, finite pools that overflow fp32 in *some* summation order
+        free: bool, finite pools that overflow fp32 in *some* summation order, and infinite
+            ones that are ``+inf`` on one evaluation route and NaN / ``-inf`` on another
             (:data:`OVERFLOW_SURE`): a conforming implementation may score them anywhere,
             ``+inf`` (FP32_MAX) and LOWEST included (docs/certificates.md §2.4).
     """
@@ -156,7 +157,7 @@ def score_bounds(q: np.ndarray, w: np.ndarray, keys: np.ndarray, score_mode: str
     inf_key = np.isinf(keys).any(axis=1) & ~nan_key
     if not (np.isfinite(q).all() and np.isfinite(w).all()):
         sb = ScoreBounds(np.full(v, -np.inf), bounds, np.ones(v, dtype=bool), zero, nan=nan_key.copy())
-        _classify_infinite(q, w, keys, np.ones(v, dtype=bool), sb)
+        _classify_infinite(q, w, keys, np.ones(v, dtype=bool), sb, score_mode)
         return sb
     clean = np.where((nan_key | inf_key)[:, None], 0.0, keys)
     chunk = _relu_chunk if score_mode == "relu" else _merged_chunk
@@ -174,7 +175,7 @@ def score_bounds(q: np.ndarray, w: np.ndarray, keys: np.ndarray, score_mode: str
     zero &= ~(nan_key | inf_key)
     sb = ScoreBounds(scores, bounds, unbounded & ~nan_key, zero, nan=nan_key.copy())
     if inf_key.any():
-        _classify_infinite(q, w, keys, inf_key, sb)
+        _classify_infinite(q, w, keys, inf_key, sb, score_mode)
     huge = sb.unbounded & ~inf_key
     if huge.any():
         sb.free[huge] = _overflows_in_some_order(q, w, clean[huge])
@@ -188,29 +189,89 @@ def _atoms(q: np.ndarray, w: np.ndarray, keys: np.ndarray) -> np.ndarray:
         return w[None, :, None] * q[None, :, :] * keys[:, None, :]
 
 
-def _classify_infinite(q, w, keys, pools: np.ndarray, sb: ScoreBounds) -> None:
+# Classes of a sum's value over every summation order (docs/certificates.md §2.4): NAN (NaN in
+# every order), NEG (-inf or NaN in every order: never selectable), POS (+inf or NaN), ANY.
+NAN, NEG, POS, ANY = 0, 1, 2, 3
+
+
+def _term_classes(t: np.ndarray) -> np.ndarray:
+    """Classes of IEEE float64 products (``0 * inf`` is NaN): NaN, +inf, -inf or finite (ANY:
+    a finite term says nothing about the sum's infinities)."""
+    return np.select([np.isnan(t), t == np.inf, t == -np.inf], [NAN, POS, NEG], ANY)
+
+
+def _sum_class(c: np.ndarray, axis: int) -> np.ndarray:
+    """Class of a sum of terms of classes ``c`` in every order: NaN when a term is NaN or
+    certain infinities of both signs meet; NEG / POS when one sign's infinity is there (an ANY
+    term can only add the other infinity, i.e. NaN, or nothing); ANY otherwise."""
+    nan = (c == NAN).any(axis) | ((c == POS).any(axis) & (c == NEG).any(axis))
+    return np.select([nan, (c == NEG).any(axis), (c == POS).any(axis)], [NAN, NEG, POS], ANY)
+
+
+def _scaled_class(c: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Class of ``value * x`` for a value of class ``c`` and a known factor ``x`` (broadcast):
+    NaN x anything and infinity x 0 are NaN, an infinity's sign follows ``x``'s; a finite value
+    times an infinite ``x`` may be NaN (the value 0) or either infinity: ANY."""
+    inf = (c == POS) | (c == NEG)
+    flip = np.where(c == POS, NEG, POS)
+    return np.select([(c == NAN) | np.isnan(x) | (inf & (x == 0)), inf & (x > 0), inf & (x < 0)],
+                     [NAN, c, flip], ANY)
+
+
+def _route_classes(q, w, keys, score_mode: str) -> list:
+    """``[class [v]]`` of the score of every pool on each evaluation route of its mode
+    (kpool-algorithm.md §4.2): (R) ``sum_h w_h relu(sum_d q_hd c_d)``; (M) the per-head route
+    ``sum_h w_h (sum_d q_hd c_d)`` and the merged-query route ``sum_d (sum_h w_h q_hd) c_d``."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        heads = _sum_class(_term_classes(q[None, :, :] * keys[:, None, :]), -1)      # [v, H]
+        if score_mode == "relu":            # relu(-inf) = 0 and relu(NaN) = NaN (canonical where)
+            heads = np.where(heads == NEG, ANY, heads)
+        routes = [_sum_class(_scaled_class(heads, w[None, :]), -1)]
+        if score_mode == "merged":
+            wq = w[:, None] * q                                                            # [H, D]
+            qbar = _sum_class(_term_classes(wq), 0)                                        # [D]
+            # a finite qbar_d of one-signed terms keeps that sign in every order (no cancellation;
+            # an overflow only makes it that sign's infinity): times an infinite c_d, one infinity
+            sign = np.select([(wq >= 0).all(0) & (wq > 0).any(0), (wq <= 0).all(0) & (wq < 0).any(0)], [1.0, -1.0], 0.0)
+            signed = (qbar == ANY) & (sign != 0)
+            terms = _scaled_class(np.broadcast_to(np.where(signed, np.where(sign > 0, POS, NEG), qbar), keys.shape),
+                                  keys)
+            # ... but times a finite c_d it stays a finite product
+            terms = np.where(np.isfinite(keys) & signed[None, :], ANY, terms)
+            routes.append(_sum_class(terms, -1))
+    return routes
+
+
+def _classify_infinite(q, w, keys, pools: np.ndarray, sb: ScoreBounds, score_mode: str = "relu") -> None:
     """docs/certificates.md §2.4: for ``pools`` (bool mask) with an infinite factor, the score in
-    every summation order and either route of mode (M): NaN when a product is NaN or products of
-    both infinite signs exist; ``+inf`` / ``-inf`` when all infinite products share that sign and
-    the finite products cannot overflow in any order (their magnitudes sum below
-    :data:`OVERFLOW_LIMIT`). Sets ``nan``, ``saturated``, ``dead`` of ``sb`` in place; pools that
-    fit no rule stay unbounded (uncertain)."""
-    for j in np.flatnonzero(pools):
-        if np.isnan(keys[j]).any():
-            sb.nan[j] = sb.dead[j] = True             # NaN in every order, never selectable
-            continue
+    every summation order of every evaluation route of the mode (:func:`_route_classes`): NaN
+    when every route is NaN in every order (a NaN key always is); never selectable (``dead``)
+    when every route is ``-inf`` or NaN; ``+inf`` (``saturated``) when all infinite products
+    ``w_h q_hd c_d`` share that sign, none is NaN, and the finite products cannot overflow in
+    any order (their magnitudes sum below :data:`OVERFLOW_LIMIT`). Sets ``nan``, ``saturated``,
+    ``dead`` of ``sb`` in place; a pool infinite on every route but neither (``+inf`` on one,
+    NaN on another) is ``free`` (FP32_MAX or LOWEST: any rank or none); pools that fit no rule
+    stay unbounded (uncertain)."""
+    idx = np.flatnonzero(pools)
+    if not len(idx):
+        return
+    routes = _route_classes(q, w, keys[idx], score_mode)
+    nan = np.logical_and.reduce([r == NAN for r in routes]) | np.isnan(keys[idx]).any(axis=1)
+    dead = nan | np.logical_and.reduce([(r == NAN) | (r == NEG) for r in routes])
+    sb.nan[idx[nan]] = True
+    sb.dead[idx[dead]] = True
+    for j in idx[~dead]:
         a = _atoms(q, w, keys[j:j + 1])[0]
-        pos, neg = (a == np.inf).any(), (a == -np.inf).any()
         with np.errstate(invalid="ignore", over="ignore"):
             qc, wq = np.abs(keys[j][None, :] * q), np.abs(w[:, None] * q)
         # every partial sum of either route is below the sum of its finite terms' magnitudes
         tame = all(np.where(np.isfinite(x), x, 0.0).sum() < OVERFLOW_LIMIT for x in (a, qc, wq))
-        if np.isnan(a).any() or (pos and neg):
-            sb.nan[j] = sb.dead[j] = True
-        elif tame and pos:
+        if tame and not np.isnan(a).any() and (a == np.inf).any() and not (a == -np.inf).any():
             sb.saturated[j] = True
-        elif tame and neg:
-            sb.dead[j] = True
+    # infinite on every route but +inf on some and NaN / -inf on others (or NaN by an overflow):
+    # FP32_MAX (ranked with the saturated tie) or LOWEST (left out), i.e. any rank or none
+    settled = np.logical_and.reduce([r != ANY for r in routes]) & ~dead
+    sb.free[idx[settled & ~sb.saturated[idx]]] = True
 
 
 def _overflows_in_some_order(q: np.ndarray, w: np.ndarray, keys: np.ndarray) -> np.ndarray:
