@@ -230,9 +230,14 @@ def _route_classes(q, w, keys, score_mode: str) -> list:
         if score_mode == "merged":
             wq = w[:, None] * q                                                            # [H, D]
             qbar = _sum_class(_term_classes(wq), 0)                                        # [D]
-            # a finite qbar_d of one-signed terms keeps that sign in every order (no cancellation;
-            # an overflow only makes it that sign's infinity): times an infinite c_d, one infinity
-            sign = np.select([(wq >= 0).all(0) & (wq > 0).any(0), (wq <= 0).all(0) & (wq < 0).any(0)], [1.0, -1.0], 0.0)
+            # a finite qbar_d keeps one sign in every order when its terms do (no cancellation; an
+            # overflow only makes it that sign's infinity), or when its exact value exceeds every
+            # order's rounding error far from overflow: times an infinite c_d, one infinity
+            with np.errstate(invalid="ignore"):
+                mag, exact = np.abs(wq).sum(0), wq.sum(0)
+                clear = (mag < OVERFLOW_LIMIT) & (np.abs(exact) > 2 * (q.shape[0] + 2) * U_FAITHFUL * mag)
+            sign = np.select([(wq >= 0).all(0) & (wq > 0).any(0), (wq <= 0).all(0) & (wq < 0).any(0), clear],
+                             [1.0, -1.0, np.sign(exact)], 0.0)
             signed = (qbar == ANY) & (sign != 0)
             terms = _scaled_class(np.broadcast_to(np.where(signed, np.where(sign > 0, POS, NEG), qbar), keys.shape),
                                   keys)
