@@ -12,7 +12,7 @@ caches, reproducible from what is stored).
   (``num_tokens``, ``full_mode``, ``num_padded_requests``, ``block_table_width``,
   ``stale_tail_slots``), ``compute_topk``, ``seed``, ``output_buffer``, ``patch`` (a
   :class:`cases.patches.MetadataPatch` as JSON), ``patched_metadata`` (whether the step had any
-  patch), ``expect_error`` (class name), ``forks``, ``max_score_rows`` and ``values`` (how the
+  patch), ``expect_error`` (class name), ``forks``, ``max_score_rows``, ``layout`` and ``values`` (how the
   inputs were generated, informational);
 * ``tensors``: ``ape`` (fp32 ``[P, D]``), ``inputs`` (per step ``k, gate, q, weights``) and, with
   ``with_metadata=True`` (bundles), ``meta`` (per step the exact metadata tensors both sides saw,
@@ -33,6 +33,7 @@ import kpool.errors as errors
 from kpool.config import KPoolConfig
 from kpool.metadata import BatchSpec, KPoolMetadata, RequestSpec
 
+from .layouts import InputLayout
 from .patches import MetadataPatch
 from .spec import Case, CacheGeometry, OutputBufferSpec, Step
 from .steps import build_step, fp32_ape
@@ -124,6 +125,7 @@ def _step_doc(step, *, patches_required: bool) -> dict:
         "expect_error": step.expect_error.__name__ if step.expect_error else None,
         "forks": [list(f) for f in step.forks],
         "max_score_rows": step.max_score_rows,
+        "layout": step.layout.to_json() if getattr(step, "layout", None) is not None else None,
         # how the stored tensors were generated (informational: a load reads the tensors)
         "values": step.inputs.to_json() if hasattr(step.inputs, "to_json") else None,
     }
@@ -196,7 +198,8 @@ def case_from_json(doc: dict, tensors: dict) -> Case:
             seed=s["seed"], inputs=SavedInputs(inputs) if inputs is not None else None,
             patch_metadata=patch, expect_error=error_class(s["expect_error"]), expect_rule=s.get("expect_rule"),
             bad_argument=s.get("bad_argument"),
-            forks=tuple(tuple(f) for f in s.get("forks", ())), max_score_rows=s.get("max_score_rows")))
+            forks=tuple(tuple(f) for f in s.get("forks", ())), max_score_rows=s.get("max_score_rows"),
+            layout=InputLayout.from_json(s.get("layout"))))
     return Case(name=doc["name"], size=doc["size"], config=KPoolConfig(**doc["config"]),
                 geometry=CacheGeometry(**doc["geometry"]), steps=steps, ape=tensors["ape"], seed=doc["seed"],
                 values=doc["values"], description=doc.get("description", ""), tags=tuple(doc.get("tags", ())))

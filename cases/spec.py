@@ -61,6 +61,8 @@ class Step:
             score scratch (``kpool.indexer.forward(max_score_rows=...)``); ``None``: the kernel's
             own chunking (256 MiB of scratch, which no interpreter-sized case reaches). Results
             must not depend on it (kpool-algorithm.md §4.6).
+        layout: optional :class:`cases.layouts.InputLayout`: both sides get the step's inputs
+            and metadata as those strided views (same values, same strides).
     """
 
     name: str
@@ -76,6 +78,7 @@ class Step:
     bad_argument: Optional[str] = None
     forks: Sequence[Tuple[int, int, int]] = ()
     max_score_rows: Optional[int] = None
+    layout: Optional[object] = None
 
 
 @dataclass(frozen=True)

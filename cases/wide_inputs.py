@@ -1,0 +1,50 @@
+"""The value-range and layout families on generated cases (issue 19 families 1 and 2).
+
+:func:`widen_case` gives a generated case (:mod:`cases.strategies`) a range class
+(:mod:`cases.ranges`) on every step plus an APE from the whole range, and a strided layout
+(:mod:`cases.layouts`) per step. The choices are pure functions of seeds hypothesis already drew
+(the case seed, each step's seed), not new draws: a new draw would shift every later example of
+the derandomized ``ci`` budget, whose planted-fault searches and coverage the tests pin
+(``CI_SEED`` in :mod:`cases.profiles`). So the ``ci`` profile draws the same configurations,
+batches and engine sequences as before, now with these values and layouts on a share of them.
+
+Why one range class per case, not per step: pooled keys persist in the cache, so a step of
+huge weights scoring the huge keys an earlier step compressed could overflow fp32 in one
+summation order and not in another (a certificate question, not a kernel one).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .families import enabled
+from .genvalues import ValueSpec
+from .layouts import layout_for
+from .ranges import range_ape, range_class_for, seeded_chance
+
+
+def widen_case(case, *, case_seed: int, family: str, value_range_chance: int, layout_chance: int):
+    """``case`` with the value-range family (about ``value_range_chance`` % of the cases whose
+    value family is not ``exact``: that family must stay bitwise, parity-contract.md §3.2) and
+    the layout family (about ``layout_chance`` % of the cases, every step its own layout), each
+    unless switched off (:mod:`cases.families`). Tags ``range:CLASS`` / ``layouts:strided``.
+
+    Returns:
+        a :class:`cases.spec.Case` (``case`` itself when neither family applies).
+    """
+    steps, tags, ape = list(case.steps), list(case.tags), case.ape
+    cls = range_class_for(case_seed, value_range_chance) if enabled("values") and family != "exact" else None
+    if cls is not None:
+        steps = [dataclasses.replace(s, inputs=dataclasses.replace(s.inputs, range_class=cls))
+                 if isinstance(s.inputs, ValueSpec) else s for s in steps]
+        cfg = case.config
+        ape = range_ape(cfg.index_kpool, cfg.index_head_dim, case_seed)
+        tags.append(f"range:{cls}")
+    if enabled("layouts") and seeded_chance("layouts", case_seed, layout_chance):
+        cfg = case.config
+        steps = [dataclasses.replace(s, layout=layout_for(case_seed * 1000 + i, heads=cfg.index_n_heads,
+                                                          head_dim=cfg.index_head_dim))
+                 for i, s in enumerate(steps)]
+        tags.append("layouts:strided")
+    if steps == list(case.steps) and ape is case.ape:
+        return case
+    return dataclasses.replace(case, steps=steps, ape=ape, tags=tuple(tags))
