@@ -137,5 +137,18 @@ def strided_layouts(size: str) -> Case:
     return dataclasses.replace(case, steps=steps)
 
 
+def value_range_coverage_cases() -> list:
+    """``[value-range at size small]`` renamed ``coverage-value-range`` (a guaranteed-coverage
+    case of the generated engine runs, :mod:`cases.coverage_cases`): every range class and the
+    exact FLT_MAX / +inf / below -1e30 scores in every profile's coverage; ``[]`` when the
+    ``values`` family is switched off."""
+    from .families import enabled
+    if not enabled("values"):
+        return []
+    case = value_range("small")
+    return [dataclasses.replace(case, name="coverage-value-range", size="generated",
+                                tags=tuple(t for t in case.tags if t != "suite:seed") + ("coverage:value-range",))]
+
+
 FAMILY_SCENARIOS = {"value-range": value_range, "strided-layouts": strided_layouts}
 """Scenario name -> ``fn(size) -> Case`` (added to :data:`cases.scenarios.SCENARIOS`)."""
