@@ -64,10 +64,12 @@ def exact_range_inputs(case, step, metadata) -> dict:
 
 def _sim(config: KPoolConfig, requests: int, longest: int) -> EngineSim:
     """An engine over ``requests`` requests of at most ``longest`` tokens, B = 4, tables from
-    the middle of the free lists (not the identity)."""
+    the middle of the free lists (not the identity), ring blocks at or above ``requests`` (never
+    a request id or a batch index, as the other seed scenarios)."""
     max_pages = max(1, -(-longest // (config.index_kpool * 4)))
-    sim = EngineSim(config, page_size=4, num_pages=requests * max_pages + 3, num_ring_blocks=requests + 2,
+    sim = EngineSim(config, page_size=4, num_pages=requests * max_pages + 3, num_ring_blocks=2 * requests + 1,
                     max_pages=max_pages, pick=lambda n: n // 2)
+    sim.free_ring = [b for b in sim.free_ring if b >= requests]
     for _ in range(requests):
         sim.admit()
     return sim
@@ -125,7 +127,7 @@ def strided_layouts(size: str) -> Case:
     sim.step([Action(0, A), Action(1, B)], name="prefill", seed=1)
     sim.step([Action(1, P + 2), Action(0, 3)], name="chunk", seed=2)
     sim.step([Action(0, 1), Action(1, 1)], name="decode", seed=3)
-    sim.step([Action(1, 2, accepted=0), Action(0, 2, accepted=1)], name="verify", seed=4)
+    sim.step([Action(1, 2, accepted=1), Action(0, 2, accepted=1)], name="verify", seed=4)
     sim.step([Action(0, 1), Action(1, 1)], name="full-replay", seed=5, full=FullMode(2, 1, True),
              output_buffer=OutputBufferSpec(capacity=6, width=width, row_step=2))
     case = sim.build("strided-layouts", size=size, seed=2020, values="random", page_padding=16,
