@@ -211,3 +211,18 @@ def test_family_fault_caught_by_its_scenario_only(fault, device):
     other = ({"value-range", "strided-layouts"} - {mine}).pop()
     assert not run_case(SCENARIOS[mine]("small"), device=device, kernel_forward=forward, check_oracle=False).ok
     assert run_case(SCENARIOS[other]("small"), device=device, kernel_forward=forward, check_oracle=False).ok
+
+
+def test_pooled_bound_covers_underflow_of_far_apart_logits():
+    """A window whose logits are hundreds apart and whose keys are tiny: the exact pooled value
+    is ~1e-270, which fp32 can only give as 0 (or a subnormal); the rounding bound must cover
+    that (it was purely relative: the HF oracle called the fp32 0 real on value-range)."""
+    import numpy as np
+
+    from parity.certificates.rounding import pooled_value_and_bound_f64
+    gate = np.array([[0.0], [-600.0], [-600.0], [-600.0]])
+    k = np.array([[0.0], [2.0 ** -40], [-(2.0 ** -40)], [2.0 ** -41]])
+    y, bound, _ = pooled_value_and_bound_f64(k, gate, np.zeros((4, 1)), budget_ulps=8.0)
+    assert 0.0 < abs(float(y[0])) < 1e-250
+    assert float(bound[0]) >= abs(float(y[0]))     # fp32's 0 lies within the bound
+    assert float(bound[0]) < 2.0 ** -120           # and the bound stays an underflow-sized one
