@@ -163,6 +163,8 @@ class ValueSpec:
         """JSON-able dict (:meth:`from_json` inverts it)."""
         d = dataclasses.asdict(self)
         d["specials"] = [dataclasses.asdict(s) for s in self.specials]
+        if self.range_class is None:
+            del d["range_class"]     # only where set: corpus entries stay small
         return d
 
     @staticmethod

@@ -108,9 +108,11 @@ def _step_doc(step, *, patches_required: bool) -> dict:
     if patch is not None and not isinstance(patch, MetadataPatch) and patches_required:
         raise ValueError(f"step {step.name}: patch {patch!r} is not serialisable")
     b = step.batch
-    # bad-input fields only where set (a corpus entry stays small and human-readable)
+    # bad-input fields and the layout only where set (a corpus entry stays small and human-readable)
+    layout = getattr(step, "layout", None)
     extra = {k: v for k, v in (("expect_rule", getattr(step, "expect_rule", None)),
-                               ("bad_argument", getattr(step, "bad_argument", None))) if v is not None}
+                               ("bad_argument", getattr(step, "bad_argument", None)),
+                               ("layout", layout.to_json() if layout is not None else None)) if v is not None}
     return {
         **extra,
         "name": step.name,
@@ -125,7 +127,6 @@ def _step_doc(step, *, patches_required: bool) -> dict:
         "expect_error": step.expect_error.__name__ if step.expect_error else None,
         "forks": [list(f) for f in step.forks],
         "max_score_rows": step.max_score_rows,
-        "layout": step.layout.to_json() if getattr(step, "layout", None) is not None else None,
         # how the stored tensors were generated (informational: a load reads the tensors)
         "values": step.inputs.to_json() if hasattr(step.inputs, "to_json") else None,
     }
