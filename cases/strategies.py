@@ -122,7 +122,7 @@ class Bounds:
     chunk_weight: int = 2
     step_kinds: Tuple[str, ...] = ("eager", "full", "cache-only")
     empty_steps: bool = True
-    value_range_chance: int = 35
+    value_range_chance: int = 60
     layout_chance: int = 50
 
 

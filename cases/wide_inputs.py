@@ -23,8 +23,9 @@ from .ranges import range_ape, range_class_for, seeded_chance
 
 
 def widen_case(case, *, case_seed: int, family: str, value_range_chance: int, layout_chance: int):
-    """``case`` with the value-range family (about ``value_range_chance`` % of the cases whose
-    value family is not ``exact``: that family must stay bitwise, parity-contract.md §3.2) and
+    """``case`` with the value-range family (about ``value_range_chance`` % of the cases of the
+    ``random`` value family: ``exact`` must stay bitwise, parity-contract.md §3.2, and the tie
+    families keep their structured keys, the only source of the near-tie coverage) and
     the layout family (about ``layout_chance`` % of the cases, every step its own layout), each
     unless switched off (:mod:`cases.families`). Tags ``range:CLASS`` / ``layouts:strided``.
 
@@ -32,7 +33,7 @@ def widen_case(case, *, case_seed: int, family: str, value_range_chance: int, la
         a :class:`cases.spec.Case` (``case`` itself when neither family applies).
     """
     steps, tags, ape = list(case.steps), list(case.tags), case.ape
-    cls = range_class_for(case_seed, value_range_chance) if enabled("values") and family != "exact" else None
+    cls = range_class_for(case_seed, value_range_chance) if enabled("values") and family == "random" else None
     if cls is not None:
         steps = [dataclasses.replace(s, inputs=dataclasses.replace(s.inputs, range_class=cls))
                  if isinstance(s.inputs, ValueSpec) else s for s in steps]
