@@ -7,7 +7,8 @@ sizes; registered in :data:`cases.scenarios.SCENARIOS`, tagged ``family-switch:v
   alone on ``range-ends`` (keys near the bf16 top, queries near 2^-110), and an exact-logit
   step pair (public-cases.md "Exact-logit trick") whose scores are exact in any order:
   ``FLT_MAX`` and ``+inf`` in one row (ties to the lower pool, §4.3), a row whose every score is
-  far below ``-1e30`` (``-2^110 |v|``), and subnormal and ``-0.0`` scores. APE from the whole range.
+  far below ``-1e30`` (``-2^110 |v|``), subnormal and ``-0.0`` scores, and bf16 neighbours at the
+  small size's top-k boundary (a near tie). APE from the whole range.
 * ``strided-layouts``: prefill, a mid-pool chunk, decodes, an MTP-style verify and a FULL replay
   with padding, each with its own :class:`cases.layouts.InputLayout`, so every field is used
   (weights transposed / column-padded / both, q padded head and row strides and strided
@@ -37,9 +38,11 @@ EXACT_POOL_VALUES = {
     3: [1.0, 2.0, -1.0, -2.0, 0.5, -0.5, 4.0, 1.0],     # FLT_MAX, +inf (-> FLT_MAX), far below -1e30
     4: [-1.0, -2.0, -0.5, -4.0, -1.0, -3.0],            # every score far below -1e30
     5: [1.0, 0.5, -1.0, 2.0, -0.5, 0.25],               # subnormal scores, -0.0 (relu of the others)
+    6: [2.0, 1.0, 1.0078125, 0.99609375, 1.0],          # bf16 neighbours: a near tie at K_pool = 2
 }
 """Pool key values (bf16-exact) of the exact-logit requests of ``value-range``."""
-EXACT_WEIGHTS = {3: (FLT_MAX, -2.0 ** 110), 4: (FLT_MAX, -2.0 ** 110), 5: (2.0 ** -140, -2.0 ** -140)}
+EXACT_WEIGHTS = {3: (FLT_MAX, -2.0 ** 110), 4: (FLT_MAX, -2.0 ** 110), 5: (2.0 ** -140, -2.0 ** -140),
+                 6: (1.0, 0.0)}
 """Head weights ``(w_0, w_1)`` per exact-logit request: head 0 scores ``w_0 relu(v)``, head 1
 (query ``-e0``) ``w_1 relu(-v)``, so a row mixes ``FLT_MAX * v`` (``FLT_MAX`` or ``+inf``) and
 ``-2^110 |v|``, or subnormal scores of both signs."""
@@ -81,7 +84,7 @@ def value_range(size: str) -> Case:
     P = cfg.index_kpool
     A, B = (40 * P + 1, 9 * P + 2) if size != "small" else (6 * P + 1, 3 * P + 2)
     n = {rid: len(v) * P for rid, v in EXACT_POOL_VALUES.items()}
-    sim = _sim(cfg, 6, max(A + 2 * P + 8, *n.values()))
+    sim = _sim(cfg, 7, max(A + 2 * P + 8, *n.values()))
     seed = 1919
 
     def step(cls, name, actions):
@@ -98,7 +101,7 @@ def value_range(size: str) -> Case:
     step("range-ends", "prefill:range-ends", [(2, 3 * P + 1)])
     step("range-ends", "decode:range-ends", [(2, 1)])
     step(None, "prefill:exact-extremes", [(rid, n[rid] - 1) for rid in sorted(n)])
-    step(None, "decode:exact-extremes", [(rid, 1) for rid in (5, 3, 4)])
+    step(None, "decode:exact-extremes", [(rid, 1) for rid in (5, 3, 6, 4)])
     return sim.build("value-range", size=size, seed=seed, values="random",
                      ape=range_ape(P, cfg.index_head_dim, seed), page_padding=8, ring_block_padding=8,
                      description="whole finite range: gate logits hundreds apart, scores far below -1e30, FLT_MAX "
