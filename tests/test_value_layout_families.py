@@ -226,3 +226,17 @@ def test_pooled_bound_covers_underflow_of_far_apart_logits():
     assert 0.0 < abs(float(y[0])) < 1e-250
     assert float(bound[0]) >= abs(float(y[0]))     # fp32's 0 lies within the bound
     assert float(bound[0]) < 2.0 ** -120           # and the bound stays an underflow-sized one
+
+
+def test_selftest_without_family_rejects_an_unknown_family():
+    """``--without-family`` names families of cases.families; a typo is a usage error (exit 2),
+    never a run with every family silently on."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "parity", "selftest", "--device", "cpu", "--without-family", "value",
+                          "--fault", "dot-operands-fp16"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "unknown families" in out.stderr, out.stderr[-500:]
+    from parity.faults import FAULTS
+    from parity.faults.families import FAMILY_FAULTS, FAMILY_OF
+    assert set(FAMILY_FAULTS) == set(FAMILY_OF) <= set(FAULTS)
+    assert set(FAMILY_OF.values()) == set(families.SWITCHABLE)
