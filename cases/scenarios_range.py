@@ -13,7 +13,7 @@ sizes; registered in :data:`cases.scenarios.SCENARIOS`, tagged ``family-switch:v
   with padding, each with its own :class:`cases.layouts.InputLayout`, so every field is used
   (weights transposed / column-padded / both, q padded head and row strides and strided
   channels, k transposed or row-padded, gate row-padded, APE transposed, strided metadata and
-  column-major block tables) next to the padded cache pages and ring blocks of the geometry.
+  column-major block tables) next to padded cache rows (``row_padding``), pages and ring blocks.
 """
 from __future__ import annotations
 
@@ -139,7 +139,9 @@ def strided_layouts(size: str) -> Case:
                                  "column-padded, padded q head/row strides, strided k/gate rows, APE and metadata",
                      tags=("suite:seed", "family-switch:layouts"))
     steps = [dataclasses.replace(s, layout=layout) for s, layout in zip(case.steps, STRIDED_STEPS)]
-    return dataclasses.replace(case, steps=steps)
+    geo = case.geometry
+    geometry = dataclasses.replace(geo, row_padding=3, guard=geo.guard + 2 * cfg.ring_capacity * 3)
+    return dataclasses.replace(case, steps=steps, geometry=geometry)
 
 
 def value_range_coverage_cases() -> list:

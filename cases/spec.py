@@ -83,7 +83,8 @@ class Step:
 
 @dataclass(frozen=True)
 class CacheGeometry:
-    """Physical layout of both caches (kpool.cache.allocate_caches arguments)."""
+    """Physical layout of both caches (kpool.cache.allocate_caches arguments; ``row_padding``:
+    the rows of both caches padded, a strided-layouts family field)."""
 
     num_pages: int
     page_size: int
@@ -91,6 +92,7 @@ class CacheGeometry:
     page_padding: int = 0
     ring_block_padding: int = 0
     guard: int = 64
+    row_padding: int = 0
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 :func:`widen_case` gives a generated case (:mod:`cases.strategies`) a range class
 (:mod:`cases.ranges`) on every step plus an APE from the whole range, and a strided layout
-(:mod:`cases.layouts`) per step. The choices are pure functions of seeds hypothesis already drew
+(:mod:`cases.layouts`) per step with padded cache rows in some. The choices are pure functions of seeds hypothesis already drew
 (the case seed, each step's seed), not new draws: a new draw would shift every later example of
 the derandomized ``ci`` budget, whose planted-fault searches and coverage the tests pin
 (``CI_SEED`` in :mod:`cases.profiles`). So the ``ci`` profile draws the same configurations,
@@ -46,6 +46,17 @@ def widen_case(case, *, case_seed: int, family: str, value_range_chance: int, la
                                                           head_dim=cfg.index_head_dim))
                  for i, s in enumerate(steps)]
         tags.append("layouts:strided")
+        geometry = _padded_rows(case, case_seed)
+    else:
+        geometry = case.geometry
     if steps == list(case.steps) and ape is case.ape:
         return case
-    return dataclasses.replace(case, steps=steps, ape=ape, tags=tuple(tags))
+    return dataclasses.replace(case, steps=steps, ape=ape, tags=tuple(tags), geometry=geometry)
+
+
+def _padded_rows(case, case_seed: int):
+    """``case.geometry`` with cache rows padded in about half the strided cases (the guard grows
+    with the ring block, so a ``-1`` slot used as an index still lands in it)."""
+    pad = (0, 1, 3, case.config.index_head_dim)[case_seed % 4]
+    geo = case.geometry
+    return dataclasses.replace(geo, row_padding=pad, guard=geo.guard + 2 * case.config.ring_capacity * pad)

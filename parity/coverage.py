@@ -132,7 +132,7 @@ def classify_case(case) -> Tuple[Counter, Dict[int, set], Dict[int, set]]:
                 if (p + 1) % P == 0:
                     classes["mid-chunk pool completion"] += 1
         inputs = make_inputs(case, step, meta)
-        classes.update(input_classes(step, inputs, ape, meta, P))
+        classes.update(input_classes(step, inputs, ape, meta, P, case.geometry))
         q, w = inputs["q"], inputs["weights"]
         if step.compute_topk and w.dtype == torch.bfloat16:
             classes["bf16 head weights"] += 1

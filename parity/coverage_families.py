@@ -29,7 +29,8 @@ FAMILY_REQUIRED: Tuple[Tuple[str, str], ...] = (
     ("gate spread >= 100 in a pool", "slots of one pool whose gate + APE logits are >= 100 apart (steps)"),
     ("score below -1e30", "a scored row with a finite visible score below -1e30 (rows)"),
     ("FLT_MAX and +inf scores in a row", "a scored row with a raw +inf score and a raw FLT_MAX one (rows)"),
-) + tuple((name, "steps with inputs laid out so") for name in LAYOUT_CLASSES)
+) + tuple((name, "steps with inputs laid out so") for name in LAYOUT_CLASSES) + (
+    ("cache rows padded", "steps over caches whose page rows and ring rows are padded"),)
 """``(class, meaning)`` of the two families; :class:`parity.coverage.Coverage` reports each with its count."""
 
 
@@ -37,17 +38,20 @@ def _any(t: torch.Tensor, pred) -> bool:
     return t.numel() > 0 and bool(pred(t.float()).any())
 
 
-def input_classes(step, inputs: dict, ape: torch.Tensor, meta, index_kpool: int) -> Counter:
+def input_classes(step, inputs: dict, ape: torch.Tensor, meta, index_kpool: int, case_geometry=None) -> Counter:
     """Value and layout classes of one step's live inputs (module docstring).
 
     Args:
         step: the :class:`cases.spec.Step`; inputs: its ``k, gate, q, weights``; ape: fp32 ``[P, D]``;
-        meta: its metadata; index_kpool: ``P``.
+        meta: its metadata; index_kpool: ``P``; case_geometry: the case's
+        :class:`cases.spec.CacheGeometry` (padded cache rows).
     """
     out: Counter = Counter()
     layout = getattr(step, "layout", None)
     if layout is not None:
         out.update(layout.classes())
+    if getattr(case_geometry, "row_padding", 0):
+        out["cache rows padded"] += 1
     T_live = meta.num_live_tokens
     if T_live == 0:
         return out

@@ -153,7 +153,8 @@ def test_families_ride_on_drawn_seeds_without_shifting_draws(monkeypatch):
     as with them off (the ci budget's pinned searches stay valid); some cases get a range class
     and strided layouts, none with the families off."""
     on, off = _drawn(monkeypatch, ""), _drawn(monkeypatch, "values,layouts")
-    strip = lambda c: (c.name, c.config, c.geometry, [(s.batch, s.seed) for s in c.steps])   # noqa: E731
+    strip = lambda c: (c.name, c.config, dataclasses.replace(c.geometry, row_padding=0, guard=0),   # noqa: E731
+                       [(s.batch, s.seed) for s in c.steps])
     assert [strip(c) for c in on] == [strip(c) for c in off]
     tags = [t for c in on for t in c.tags]
     assert any(t.startswith("range:") for t in tags) and "layouts:strided" in tags
@@ -198,7 +199,8 @@ def test_family_scenarios_pass_on_kpool(scenario, device):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("fault", ["dot-operands-fp16", "softmax-max-skips-slot", "lowest-threshold-1e30",
-                                   "weights-head-stride-ignored", "q-rows-assumed-packed", "compress-k-contiguous"])
+                                   "weights-head-stride-ignored", "q-rows-assumed-packed", "compress-k-contiguous",
+                                   "cache-rows-assumed-packed"])
 def test_family_fault_caught_by_its_scenario_only(fault, device):
     """The fault's family scenario fails on it; the other family's scenario passes on it."""
     from cases.scenarios import SCENARIOS
@@ -240,3 +242,15 @@ def test_selftest_without_family_rejects_an_unknown_family():
     from parity.faults.families import FAMILY_FAULTS, FAMILY_OF
     assert set(FAMILY_FAULTS) == set(FAMILY_OF) <= set(FAULTS)
     assert set(FAMILY_OF.values()) == set(families.SWITCHABLE)
+
+
+def test_padded_cache_rows_keep_the_view_and_sentinels():
+    """``row_padding`` pads the rows of both caches (row strides ``D + pad``) and the padding
+    holds the sentinel like page padding; a step writes only view elements."""
+    from cases.scenarios import SCENARIOS
+    from parity.sentinel import sentinel_caches
+    case = SCENARIOS["strided-layouts"]("small")
+    D, C = case.config.index_head_dim, case.config.ring_capacity
+    caches = sentinel_caches(case)
+    assert case.geometry.row_padding == 3
+    assert caches.compressed_cache.stride()[1] == D + 3 and caches.tail_cache.stride()[1:3] == (C * (D + 3), D + 3)

@@ -38,13 +38,19 @@ FAMILY_FAULTS = {
                               "k.stride(0), k.stride(1), gate.stride(0), gate.stride(1), ape.stride(0), ape.stride(1),",
                               "D, 1, gate.stride(0), gate.stride(1), ape.stride(0), ape.stride(1),",
                               "cache-mismatch"),
+    # the score kernels assume unpadded compressed-cache rows (row stride = D)
+    "cache-rows-assumed-packed": ("ops/score.py",
+                                  "cache_arg, (compressed_cache.stride(0), compressed_cache.stride(1)), 8)",
+                                  "cache_arg, (compressed_cache.stride(0), compressed_cache.shape[3]), 8)",
+                                  "wrong-index"),
 }
 
 FAMILY_OF = {"dot-operands-fp16": "values", "softmax-max-skips-slot": "values", "lowest-threshold-1e30": "values",
              "weights-head-stride-ignored": "layouts", "q-rows-assumed-packed": "layouts",
-             "compress-k-contiguous": "layouts"}
+             "compress-k-contiguous": "layouts", "cache-rows-assumed-packed": "layouts"}
 """Fault -> the one family (:data:`cases.families.SWITCHABLE`) that catches it."""
 
 FAMILY_STAGES = {"dot-operands-fp16": "score-operands", "softmax-max-skips-slot": "softmax",
                  "lowest-threshold-1e30": "sanitization", "weights-head-stride-ignored": "strides",
-                 "q-rows-assumed-packed": "strides", "compress-k-contiguous": "strides"}
+                 "q-rows-assumed-packed": "strides", "compress-k-contiguous": "strides",
+                 "cache-rows-assumed-packed": "strides"}
