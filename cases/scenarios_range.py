@@ -35,17 +35,19 @@ SIZE_CONFIGS = {"small": SMALL, "glm5.3-flash": GLM53_FLASH}
 
 FLT_MAX = torch.finfo(torch.float32).max
 EXACT_POOL_VALUES = {
-    3: [1.0, 2.0, -1.0, -2.0, 0.5, -0.5, 4.0, 1.0],     # FLT_MAX, +inf (-> FLT_MAX), far below -1e30
+    3: [1.0, 2.0, -1.0, -2.0, 0.5, -0.5, 4.0, 1.0],     # FLT_MAX and +inf (-> FLT_MAX) in one row
     4: [-1.0, -2.0, -0.5, -4.0, -1.0, -3.0],            # every score far below -1e30
     5: [1.0, 0.5, -1.0, 2.0, -0.5, 0.25],               # subnormal scores, -0.0 (relu of the others)
     6: [2.0, 1.0, 1.0078125, 0.99609375, 1.0],          # bf16 neighbours: a near tie at K_pool = 2
 }
 """Pool key values (bf16-exact) of the exact-logit requests of ``value-range``."""
-EXACT_WEIGHTS = {3: (FLT_MAX, -2.0 ** 110), 4: (FLT_MAX, -2.0 ** 110), 5: (2.0 ** -140, -2.0 ** -140),
-                 6: (1.0, 0.0)}
+EXACT_WEIGHTS = {3: (FLT_MAX, 0.0), 4: (0.0, -2.0 ** 110), 5: (2.0 ** -140, -2.0 ** -140), 6: (1.0, 0.0)}
 """Head weights ``(w_0, w_1)`` per exact-logit request: head 0 scores ``w_0 relu(v)``, head 1
-(query ``-e0``) ``w_1 relu(-v)``, so a row mixes ``FLT_MAX * v`` (``FLT_MAX`` or ``+inf``) and
-``-2^110 |v|``, or subnormal scores of both signs."""
+(query ``-e0``) ``w_1 relu(-v)``: ``FLT_MAX * v`` (``FLT_MAX`` or ``+inf``), ``-2^110 |v|``, or
+subnormal scores of both signs. At most one nonzero term per score, or two whose sum is exact
+(subnormals), so every score is exact in either score mode and any order: no overflow that depends
+on the summation order (the merged mode's ``qbar = sum_h w_h q_h`` first would otherwise add
+``FLT_MAX`` and ``2^110``)."""
 
 
 def exact_range_inputs(case, step, metadata) -> dict:
