@@ -21,6 +21,7 @@ from kpool.config import KPoolConfig
 
 from .engine import Action, EngineSim, FullMode
 from .genvalues import ValueSpec, random_ape
+from .scenarios_range import value_range_coverage_cases
 from .spec import Case
 
 
@@ -114,8 +115,10 @@ def rejection_and_nan_case(config: Optional[KPoolConfig] = None) -> Case:
 def guaranteed_cases(kind: str, bounds) -> List[Case]:
     """The fixed cases of a generated run of ``kind`` within ``bounds``
     (:class:`cases.strategies.Bounds`): ``batch`` -> one :func:`residue_case` per allowed ``P``;
-    ``engine`` -> :func:`empty_steps_case` (when the bounds allow empty steps) and
-    :func:`rejection_and_nan_case`.
+    ``engine`` -> :func:`empty_steps_case` (when the bounds allow empty steps),
+    :func:`rejection_and_nan_case` and the exact whole-range steps of
+    :func:`cases.scenarios_range.value_range_coverage_cases` (FLT_MAX and +inf scores, scores far
+    below -1e30: no random draw makes them).
 
     Raises:
         ValueError: unknown ``kind``.
@@ -131,5 +134,6 @@ def guaranteed_cases(kind: str, bounds) -> List[Case]:
         P = 4 if 4 in bounds.kpools else bounds.kpools[0]
         cfg = KPoolConfig(index_n_heads=heads, index_head_dim=dim, index_kpool=P, index_topk=2 * P,
                           num_speculative_tokens=1)
-        return [empty_steps_case(cfg), rejection_and_nan_case(cfg.with_(num_speculative_tokens=0))]
+        return [empty_steps_case(cfg), rejection_and_nan_case(cfg.with_(num_speculative_tokens=0)),
+                *value_range_coverage_cases()]
     raise ValueError(f"kind must be 'batch' or 'engine', got {kind!r}")

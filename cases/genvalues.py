@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -134,6 +134,8 @@ class ValueSpec:
             MTP replays) keeps one value.
         weights_bf16: head weights as bf16 (kpool-algorithm.md §12 A2) instead of fp32.
         specials: :class:`Special` injections.
+        range_class: ``None`` or a :data:`cases.ranges.RANGE_CLASSES` name: the live rows are
+            then overwritten with that region of the finite range (before the specials).
     """
 
     family: str = "random"
@@ -141,10 +143,15 @@ class ValueSpec:
     pool_seed: int = 0
     weights_bf16: bool = False
     specials: Tuple[Special, ...] = ()
+    range_class: Optional[str] = None
 
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        if self.range_class is not None:
+            from .ranges import RANGE_CLASSES
+            if self.range_class not in RANGE_CLASSES:
+                raise ValueError(f"range_class must be one of {RANGE_CLASSES}, got {self.range_class!r}")
         for s in self.specials:
             if s.tensor not in SPECIAL_TENSORS or s.kind not in SPECIAL_KINDS:
                 raise ValueError(f"bad special {s}")
@@ -156,6 +163,8 @@ class ValueSpec:
         """JSON-able dict (:meth:`from_json` inverts it)."""
         d = dataclasses.asdict(self)
         d["specials"] = [dataclasses.asdict(s) for s in self.specials]
+        if self.range_class is None:
+            del d["range_class"]     # only where set: corpus entries stay small
         return d
 
     @staticmethod
@@ -210,6 +219,10 @@ def generate_inputs(spec: ValueSpec, config, metadata, request_ids: Sequence[int
     _fill_padding(T_live, k, gate, q, weights, g)
     if spec.weights_bf16:
         weights = weights.to(torch.bfloat16)   # exact: every weight above is bf16-valued
+    if spec.range_class is not None:
+        from .ranges import apply_range_class
+        tensors = dict(k=k, gate=gate, q=q, weights=weights)
+        apply_range_class(spec.range_class, tensors, T_live, _generator(0x6E5, spec.seed))
     for s in spec.specials:
         if T_live == 0:
             break

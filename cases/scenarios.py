@@ -352,7 +352,8 @@ SCENARIOS: Dict[str, Callable[[str], Case]] = {
     "bad-arguments": bad_arguments,
 }
 """Scenario name -> ``fn(size) -> Case``. ``prefill-topk-no-tail`` is HF's second mode
-(``always_select_tail=False``, rows of width ``K_tok``, kpool-algorithm.md §10)."""
+(``always_select_tail=False``, rows of width ``K_tok``, kpool-algorithm.md §10). Issue 19's
+``value-range`` and ``strided-layouts`` come from :mod:`cases.scenarios_range` (added below)."""
 
 
 def without_tail(case: Case) -> Case:
@@ -366,9 +367,16 @@ def without_tail(case: Case) -> Case:
 
 
 def seed_cases(sizes: Sequence[str] = SIZES) -> List[Case]:
-    """Every seed scenario at every requested size, in :data:`SCENARIOS` order per size.
+    """Every seed scenario at every requested size, in :data:`SCENARIOS` order per size (less the
+    scenarios of input families the self-test switched off, :mod:`cases.families`).
 
     Raises:
         ValueError: unknown size.
     """
-    return [fn(size) for size in sizes for fn in SCENARIOS.values()]
+    from .families import case_enabled
+    return [c for c in (fn(size) for size in sizes for fn in SCENARIOS.values()) if case_enabled(c)]
+
+
+from .scenarios_range import FAMILY_SCENARIOS  # noqa: E402 - it builds on _Plan above
+
+SCENARIOS.update(FAMILY_SCENARIOS)

@@ -12,7 +12,7 @@ caches, reproducible from what is stored).
   (``num_tokens``, ``full_mode``, ``num_padded_requests``, ``block_table_width``,
   ``stale_tail_slots``), ``compute_topk``, ``seed``, ``output_buffer``, ``patch`` (a
   :class:`cases.patches.MetadataPatch` as JSON), ``patched_metadata`` (whether the step had any
-  patch), ``expect_error`` (class name), ``forks``, ``max_score_rows`` and ``values`` (how the
+  patch), ``expect_error`` (class name), ``forks``, ``max_score_rows``, ``layout`` and ``values`` (how the
   inputs were generated, informational);
 * ``tensors``: ``ape`` (fp32 ``[P, D]``), ``inputs`` (per step ``k, gate, q, weights``) and, with
   ``with_metadata=True`` (bundles), ``meta`` (per step the exact metadata tensors both sides saw,
@@ -33,6 +33,7 @@ import kpool.errors as errors
 from kpool.config import KPoolConfig
 from kpool.metadata import BatchSpec, KPoolMetadata, RequestSpec
 
+from .layouts import InputLayout
 from .patches import MetadataPatch
 from .spec import Case, CacheGeometry, OutputBufferSpec, Step
 from .steps import build_step, fp32_ape
@@ -107,9 +108,11 @@ def _step_doc(step, *, patches_required: bool) -> dict:
     if patch is not None and not isinstance(patch, MetadataPatch) and patches_required:
         raise ValueError(f"step {step.name}: patch {patch!r} is not serialisable")
     b = step.batch
-    # bad-input fields only where set (a corpus entry stays small and human-readable)
+    # bad-input fields and the layout only where set (a corpus entry stays small and human-readable)
+    layout = getattr(step, "layout", None)
     extra = {k: v for k, v in (("expect_rule", getattr(step, "expect_rule", None)),
-                               ("bad_argument", getattr(step, "bad_argument", None))) if v is not None}
+                               ("bad_argument", getattr(step, "bad_argument", None)),
+                               ("layout", layout.to_json() if layout is not None else None)) if v is not None}
     return {
         **extra,
         "name": step.name,
@@ -196,7 +199,8 @@ def case_from_json(doc: dict, tensors: dict) -> Case:
             seed=s["seed"], inputs=SavedInputs(inputs) if inputs is not None else None,
             patch_metadata=patch, expect_error=error_class(s["expect_error"]), expect_rule=s.get("expect_rule"),
             bad_argument=s.get("bad_argument"),
-            forks=tuple(tuple(f) for f in s.get("forks", ())), max_score_rows=s.get("max_score_rows")))
+            forks=tuple(tuple(f) for f in s.get("forks", ())), max_score_rows=s.get("max_score_rows"),
+            layout=InputLayout.from_json(s.get("layout"))))
     return Case(name=doc["name"], size=doc["size"], config=KPoolConfig(**doc["config"]),
                 geometry=CacheGeometry(**doc["geometry"]), steps=steps, ape=tensors["ape"], seed=doc["seed"],
                 values=doc["values"], description=doc.get("description", ""), tags=tuple(doc.get("tags", ())))

@@ -61,6 +61,8 @@ class Step:
             score scratch (``kpool.indexer.forward(max_score_rows=...)``); ``None``: the kernel's
             own chunking (256 MiB of scratch, which no interpreter-sized case reaches). Results
             must not depend on it (kpool-algorithm.md §4.6).
+        layout: optional :class:`cases.layouts.InputLayout`: both sides get the step's inputs
+            and metadata as those strided views (same values, same strides).
     """
 
     name: str
@@ -76,11 +78,13 @@ class Step:
     bad_argument: Optional[str] = None
     forks: Sequence[Tuple[int, int, int]] = ()
     max_score_rows: Optional[int] = None
+    layout: Optional[object] = None
 
 
 @dataclass(frozen=True)
 class CacheGeometry:
-    """Physical layout of both caches (kpool.cache.allocate_caches arguments)."""
+    """Physical layout of both caches (kpool.cache.allocate_caches arguments; ``row_padding``:
+    the rows of both caches padded, a strided-layouts family field)."""
 
     num_pages: int
     page_size: int
@@ -88,6 +92,7 @@ class CacheGeometry:
     page_padding: int = 0
     ring_block_padding: int = 0
     guard: int = 64
+    row_padding: int = 0
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def _move(x, device, copy: bool):
 
 def forward_kwargs(case, meta: KPoolMetadata, inputs: dict, ape: torch.Tensor, caches, *, device,
                    compute_topk: bool, output_buffer: Optional[torch.Tensor] = None, copy: bool = False,
-                   **extra) -> dict:
+                   layout=None, **extra) -> dict:
     """The keyword arguments of ``forward`` (docs/design.md) for one side.
 
     Args:
@@ -71,6 +71,8 @@ def forward_kwargs(case, meta: KPoolMetadata, inputs: dict, ape: torch.Tensor, c
             it a tensor already on ``device`` is passed as is (a captured-replay relation
             rewrites those buffers in place between two calls).
         extra: further keyword arguments (``max_score_rows``, ``validate``...).
+        layout: a :class:`cases.layouts.InputLayout` (:attr:`cases.spec.Step.layout`): the inputs
+            and metadata are passed as its strided views, fresh buffers on ``device``.
     """
     cfg = case.config
     # No tail (HF's second mode, kpool-algorithm.md §10): only a case that needs it passes
@@ -78,12 +80,16 @@ def forward_kwargs(case, meta: KPoolMetadata, inputs: dict, ape: torch.Tensor, c
     # keyword then fails loudly (a TypeError crash finding naming it).
     if not cfg.always_select_tail:
         extra.setdefault("always_select_tail", False)
-    return dict({n: _move(v, device, copy) for n, v in inputs.items()},
-                ape=_move(ape, device, copy), compressed_cache=caches.compressed_cache,
-                tail_cache=caches.tail_cache,
-                **{n: _move(v, device, copy) for n, v in meta.forward_kwargs().items()},
-                index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, score_mode=cfg.score_mode,
-                pack_tail=cfg.pack_tail, compute_topk=compute_topk, output_buffer=output_buffer, **extra)
+    kwargs = dict({n: _move(v, device, copy) for n, v in inputs.items()},
+                  ape=_move(ape, device, copy), compressed_cache=caches.compressed_cache,
+                  tail_cache=caches.tail_cache,
+                  **{n: _move(v, device, copy) for n, v in meta.forward_kwargs().items()},
+                  index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, score_mode=cfg.score_mode,
+                  pack_tail=cfg.pack_tail, compute_topk=compute_topk, output_buffer=output_buffer, **extra)
+    if layout is None:
+        return kwargs
+    from .layouts import apply_layout
+    return apply_layout(layout, kwargs)
 
 
 @dataclass
@@ -102,9 +108,10 @@ class StepInputs:
 
     def forward_kwargs(self, case, step, caches, *, device, output_buffer=None, copy: bool = False,
                        **extra) -> dict:
-        """:func:`forward_kwargs` of this step with ``step.compute_topk``."""
+        """:func:`forward_kwargs` of this step with ``step.compute_topk`` and ``step.layout``."""
         return forward_kwargs(case, self.meta, self.inputs, self.ape, caches, device=device,
-                              compute_topk=step.compute_topk, output_buffer=output_buffer, copy=copy, **extra)
+                              compute_topk=step.compute_topk, output_buffer=output_buffer, copy=copy,
+                              layout=getattr(step, "layout", None), **extra)
 
 
 def fp32_ape(case) -> torch.Tensor:

@@ -46,6 +46,10 @@ C27   every few examples the kernel runs twice and must repeat every bit
 C29   visible counts below, at and above K_pool; K_pool up to 8 in the nightly profile
 C31   random per-channel gate and APE in every family but ``exact``; ring vs input windows
 ====  ==========================================================================================
+
+Issue 19 families on top (:mod:`cases.wide_inputs`, choices derived from the drawn seeds): a
+share of the cases gets values from the whole finite range (:mod:`cases.ranges`) and strided
+input layouts (:mod:`cases.layouts`).
 """
 from __future__ import annotations
 
@@ -62,6 +66,7 @@ from .genvalues import FAMILIES, SPECIAL_KINDS, SPECIAL_TENSORS, Special, ValueS
 from .accepted import ACCEPTED
 from .patches import ACCEPTED_PREFIX, MetadataPatch
 from .spec import Case, OutputBufferSpec
+from .wide_inputs import widen_case
 
 KPOOLS = (4, 1, 2, 8, 16)
 """Pool sizes, the shrink target first."""
@@ -94,6 +99,8 @@ class Bounds:
         empty_steps: keep a drawn step with no live row and no padding (``T == 0`` or ``R == 0``,
             kpool-algorithm.md §9 item 3) instead of turning it into a decode (on in every
             profile; ``False`` only for tests that want a step with rows).
+        value_range_chance / layout_chance: percent of cases given a range class of the whole
+            finite range / strided input layouts (:mod:`cases.wide_inputs`, issue 19 families 1-2).
     """
 
     kpools: Tuple[int, ...] = KPOOLS
@@ -115,6 +122,8 @@ class Bounds:
     chunk_weight: int = 2
     step_kinds: Tuple[str, ...] = ("eager", "full", "cache-only")
     empty_steps: bool = True
+    value_range_chance: int = 60
+    layout_chance: int = 50
 
 
 TINY = Bounds()
@@ -288,10 +297,12 @@ def _finish_case(draw, ctx: _Ctx, name: str, description: str) -> Case:
     ring_padding = draw(st.sampled_from((0, 2 * D + 5, 1)))
     ape = random_ape(cfg.index_kpool, D, ctx.case_seed, "exact" if ctx.family == "exact" else "random")
     tags = tuple(f"engine:{k}={v}" for k, v in sorted(sim.events.items()))
-    return sim.build(f"{name}-{ctx.case_seed}", ape=ape, seed=ctx.case_seed,
+    case = sim.build(f"{name}-{ctx.case_seed}", ape=ape, seed=ctx.case_seed,
                      values="exact" if ctx.family == "exact" else "random", description=description,
                      tags=(f"family:{ctx.family}",) + tags, page_padding=page_padding,
                      ring_block_padding=ring_padding)
+    return widen_case(case, case_seed=ctx.case_seed, family=ctx.family,
+                      value_range_chance=ctx.bounds.value_range_chance, layout_chance=ctx.bounds.layout_chance)
 
 
 @st.composite

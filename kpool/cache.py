@@ -85,7 +85,8 @@ def _same_view(backing: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
 
 def allocate_caches(config: KPoolConfig, *, num_pages: int, page_size: int, num_tail_blocks: int,
                     page_padding: int = 0, ring_block_padding: int = 0, guard: int = 0,
-                    device="cpu", fill_bf16_bits: int = 0, fill_fp32_bits: int = 0) -> KPoolCaches:
+                    device="cpu", fill_bf16_bits: int = 0, fill_fp32_bits: int = 0,
+                    row_padding: int = 0) -> KPoolCaches:
     """Allocate both caches in complete physical pages.
 
     Args:
@@ -96,6 +97,8 @@ def allocate_caches(config: KPoolConfig, *, num_pages: int, page_size: int, num_
         page_padding: extra elements after each compressed page (``stride(0) = B * D + page_padding``).
         ring_block_padding: extra elements after each ring block (C03's padded block stride).
         guard: guard elements before the first and after the last page/block of each backing.
+        row_padding: extra elements after each row of both caches (the token / slot stride
+            ``D + row_padding``, §3.1 "the token and dim strides are honoured").
         device: allocation device.
         fill_bf16_bits / fill_fp32_bits: initial bit pattern of every element (0 -> zeros).
 
@@ -110,27 +113,28 @@ def allocate_caches(config: KPoolConfig, *, num_pages: int, page_size: int, num_
     if not all(hasattr(config, a) for a in ("index_head_dim", "ring_capacity")):
         reject("argument-type", f"config must be a KPoolConfig, got {type(config).__name__}")
     D, C = config.index_head_dim, config.ring_capacity
-    num_pages, page_size, num_tail_blocks, page_padding, ring_block_padding, guard, fill_bf16_bits, fill_fp32_bits = (
-        as_int(name, value) for name, value in (
+    num_pages, page_size, num_tail_blocks, page_padding, ring_block_padding, guard, fill_bf16_bits, fill_fp32_bits, \
+        row_padding = (as_int(name, value) for name, value in (
             ("num_pages", num_pages), ("page_size", page_size), ("num_tail_blocks", num_tail_blocks),
             ("page_padding", page_padding), ("ring_block_padding", ring_block_padding), ("guard", guard),
-            ("fill_bf16_bits", fill_bf16_bits), ("fill_fp32_bits", fill_fp32_bits)))
+            ("fill_bf16_bits", fill_bf16_bits), ("fill_fp32_bits", fill_fp32_bits), ("row_padding", row_padding)))
     if num_pages < 1 or page_size < 1 or num_tail_blocks < 1:
         reject("allocation-size", f"need positive sizes, got N={num_pages}, B={page_size}, blocks={num_tail_blocks}")
-    if min(page_padding, ring_block_padding, guard) < 0:
+    if min(page_padding, ring_block_padding, guard, row_padding) < 0:
         reject("allocation-size", f"paddings and guard must be >= 0, got page_padding={page_padding}, "
-                                  f"ring_block_padding={ring_block_padding}, guard={guard}")
-    page_stride = page_size * D + page_padding
+                                  f"ring_block_padding={ring_block_padding}, guard={guard}, row_padding={row_padding}")
+    row = D + row_padding
+    page_stride = page_size * row + page_padding
     cb = torch.empty(2 * guard + num_pages * page_stride, dtype=torch.int16, device=device)
     cb.fill_(as_int16(fill_bf16_bits))
     cb = cb.view(torch.bfloat16)
-    compressed = cb.as_strided((num_pages, page_size, 1, D), (page_stride, D, D, 1), guard)
+    compressed = cb.as_strided((num_pages, page_size, 1, D), (page_stride, row, row, 1), guard)
 
-    block_stride = 2 * C * D + ring_block_padding
+    block_stride = 2 * C * row + ring_block_padding
     tb = torch.empty(2 * guard + num_tail_blocks * block_stride, dtype=torch.int32, device=device)
     tb.fill_(as_int32(fill_fp32_bits))
     tb = tb.view(torch.float32)
-    tail = tb.as_strided((num_tail_blocks, 2, C, D), (block_stride, C * D, D, 1), guard)
+    tail = tb.as_strided((num_tail_blocks, 2, C, D), (block_stride, C * row, row, 1), guard)
     return KPoolCaches(compressed_cache=compressed, tail_cache=tail, compressed_backing=cb, tail_backing=tb)
 
 

@@ -22,6 +22,8 @@ from cases.values import case_ape, make_inputs, row_requests
 from reference.numerics import LOWEST, canonical_topk, pool_scores, sanitize_scores, visible_pools
 from reference.oracle import HistoryOracle
 
+from .coverage_families import FAMILY_REQUIRED, input_classes, score_classes
+
 REQUIRED: Tuple[Tuple[str, str], ...] = (
     ("pool-boundary decode", "decode row whose token completes a pool ((p+1) % P == 0)"),
     ("mid-chunk pool completion", "a pool completed by a non-last row of a multi-row chunk"),
@@ -54,7 +56,8 @@ REQUIRED: Tuple[Tuple[str, str], ...] = (
     ("fixed tail layout", "pack_tail=False"),
     ("bf16 head weights", "weights passed as bf16"),
 )
-"""``(class, meaning)`` every generated budget should hit; :meth:`Coverage.missing` lists the misses."""
+"""``(class, meaning)`` every generated budget should hit; :meth:`Coverage.missing` lists the misses
+(with the issue 19 family classes of :data:`parity.coverage_families.FAMILY_REQUIRED`)."""
 
 NEAR_TIE_REL = 2.0 ** -7
 
@@ -129,6 +132,7 @@ def classify_case(case) -> Tuple[Counter, Dict[int, set], Dict[int, set]]:
                 if (p + 1) % P == 0:
                     classes["mid-chunk pool completion"] += 1
         inputs = make_inputs(case, step, meta)
+        classes.update(input_classes(step, inputs, ape, meta, P, case.geometry))
         q, w = inputs["q"], inputs["weights"]
         if step.compute_topk and w.dtype == torch.bfloat16:
             classes["bf16 head weights"] += 1
@@ -164,6 +168,7 @@ def classify_case(case) -> Tuple[Counter, Dict[int, set], Dict[int, set]]:
                 continue
             pools = torch.stack([oracle.pools[rid][j] for j in range(vis)])
             raw = pool_scores(q[t:t + 1], w[t:t + 1], pools, cfg.score_mode)[0]
+            classes.update(score_classes(raw))
             if torch.isnan(raw).any():
                 classes["NaN score"] += 1
             if torch.isinf(raw).any():
@@ -232,7 +237,7 @@ class Coverage:
     def missing(self) -> List[str]:
         """Required classes (:data:`REQUIRED`) never hit, plus ``tail lengths 0..P-1`` and
         ``chunk residues 0..P-1`` of ``P = 4`` when incomplete."""
-        out = [name for name, _ in REQUIRED if not self.classes.get(name)]
+        out = [name for name, _ in REQUIRED + FAMILY_REQUIRED if not self.classes.get(name)]
         for label, seen in (("tail lengths", self.tails), ("chunk residues", self.residues)):
             if set(range(4)) - seen.get(4, set()):
                 out.append(f"{label} 0..3 at P=4 (seen {sorted(seen.get(4, set()))})")
@@ -249,8 +254,8 @@ class Coverage:
         """A plain-text report: one line per required class (count, or ``NOT EXERCISED``), the
         tail lengths and chunk residues per P, and the P / B values seen."""
         out = [f"coverage over {self.cases} generated cases:"]
-        width = max(len(n) for n, _ in REQUIRED)
-        for name, meaning in REQUIRED:
+        width = max(len(n) for n, _ in REQUIRED + FAMILY_REQUIRED)
+        for name, meaning in REQUIRED + FAMILY_REQUIRED:
             n = self.classes.get(name, 0)
             out.append(f"  {name:<{width}}  {n if n else 'NOT EXERCISED':>13}  {meaning}")
         for label, per_p in (("tail lengths (p+1)%P", self.tails), ("chunk residues cached%P", self.residues)):

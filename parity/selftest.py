@@ -38,6 +38,9 @@ def add_selftest_parser(sub) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--list", action="store_true", help="list the catalog and the rules without a fault")
     p.add_argument("--json", metavar="FILE", default=None, help="also write the per-fault results here")
+    p.add_argument("--without-family", nargs="+", default=None, metavar="FAMILY",
+                   help="turn these input families off in every suite (cases.families: values, layouts), to "
+                        "show that a fault only that family catches survives without it")
 
 
 def _seed_and_corpus(suites: List[str], size: str) -> List[tuple]:
@@ -140,6 +143,17 @@ def selftest_main(args) -> int:
     if unknown:
         print(f"python -m parity selftest: error: unknown fault(s) {unknown}; see --list", file=sys.stderr)
         return 2
+    if args.without_family:
+        import os
+
+        from cases.families import FAMILIES_OFF_ENV, families_off
+        os.environ[FAMILIES_OFF_ENV] = ",".join(args.without_family)   # spawned workers inherit it
+        try:
+            families_off()
+        except ValueError as exc:
+            print(f"python -m parity selftest: error: {exc}", file=sys.stderr)
+            return 2
+        console.print(f"selftest: input families turned off: {', '.join(args.without_family)}", markup=False)
     from kpool.platform import resolve_device
     device = str(resolve_device(None if args.device == "auto" else args.device))
     skipped = [n for n in names if FAULTS[n].device_only and device == "cpu"]

@@ -132,7 +132,8 @@ def case_caches(case, device="cpu"):
     geo = case.geometry
     return allocate_caches(case.config, num_pages=geo.num_pages, page_size=geo.page_size,
                            num_tail_blocks=geo.num_tail_blocks, page_padding=geo.page_padding,
-                           ring_block_padding=geo.ring_block_padding, guard=geo.guard, device=device)
+                           ring_block_padding=geo.ring_block_padding, guard=geo.guard, device=device,
+                           row_padding=getattr(geo, "row_padding", 0))
 
 
 def sentinel_caches(case):

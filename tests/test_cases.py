@@ -121,7 +121,7 @@ def test_padded_strides_present(size):
     assert {c.values for c in cases} == set(VALUE_FAMILIES)
 
 
-NO_DROP = ("non-finite", "bad-metadata", "bad-arguments")
+NO_DROP = ("non-finite", "bad-metadata", "bad-arguments", "value-range", "strided-layouts")
 """Scenarios about values and rejections, kept short at the GLM size (the cost budget below):
 their GLM rows see fewer than K_pool pools."""
 

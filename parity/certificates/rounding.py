@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from .floats import KAPPA_BLOCK, U_FAITHFUL, bf16_bits_to_f64, bf16_is_nan, bf16_order_key
+from .floats import ETA, KAPPA_BLOCK, U_FAITHFUL, bf16_bits_to_f64, bf16_is_nan, bf16_order_key
 
 ROUNDING_BUDGET_ULPS: Dict[str, int] = {"cpu": 32, "cuda": 64, "npu": 64}
 """Declared fp32 operation budget of a pooled value ``y`` (kpool-algorithm.md §5.3), per kernel
@@ -96,7 +96,13 @@ def pooled_value_and_bound_f64(k_window: np.ndarray, gate_window: np.ndarray, ap
     A = terms.sum(axis=-2)
     xi = np.abs(s) + 2.0 * np.abs(x)              # rounding of s_j, of s_j - m, of x * log2(e)
     first = u * (budget_ulps * A + (terms * xi).sum(axis=-2) + A * (a * xi).sum(axis=-2))
-    bound = np.where(first <= FIRST_ORDER_LIMIT * A, first * SECOND_ORDER, np.nan)
+    # Underflow (the relative model misses it): each a_j may lose up to ETA (an exp or a division
+    # below the normal range, flushed or subnormal), each product and add ETA more. Without it a
+    # window whose weights underflow (logits hundreds apart: exact a_j ~ 1e-260) and tiny keys
+    # had a zero bound although fp32 can only give 0 there.
+    P = k.shape[-2]
+    underflow = ETA * (np.abs(k).sum(axis=-2) + 2 * P)
+    bound = np.where(first <= FIRST_ORDER_LIMIT * A, first * SECOND_ORDER + underflow, np.nan)
     return (a * k).sum(axis=-2), bound, A
 
 

@@ -2,7 +2,8 @@
 
 One catalog: :data:`FAULTS` = the named mutants of :data:`parity.mutants.MUTANTS` (which
 ``--kernel mutant:NAME`` runs), the kernel and orchestration faults of
-:mod:`parity.faults.kernels`, and one fault per metadata rejection rule of
+:mod:`parity.faults.kernels`, the faults only one input family catches
+(:mod:`parity.faults.families`), and one fault per metadata rejection rule of
 ``kpool.validation.validate_forward`` (:func:`rule_fault`: that rule's ``reject`` made a no-op in
 a copy of ``kpool``, so the check is gone and the forward goes on; caught by the seed scenarios
 ``bad-metadata`` and ``bad-arguments``). Every fault is a textual
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from .families import FAMILY_FAULTS, FAMILY_STAGES
 from .kernels import DEVICE_ONLY, KERNEL_FAULTS
 
 REJECT_LINE = "    raise RULES[rule].error(message, rule=rule)"
@@ -78,8 +80,9 @@ def _catalog() -> Dict[str, Fault]:
 
     from ..mutants import MUTANTS
     out = {}
-    for name, mutation in {**MUTANTS, **KERNEL_FAULTS}.items():
-        out[name] = Fault(name, _STAGES.get(name, "other"), tuple(mutation), DEVICE_ONLY.get(name))
+    for name, mutation in {**MUTANTS, **KERNEL_FAULTS, **FAMILY_FAULTS}.items():
+        stage = _STAGES.get(name) or FAMILY_STAGES.get(name, "other")
+        out[name] = Fault(name, stage, tuple(mutation), DEVICE_ONLY.get(name))
     for rule in (*VIOLATIONS, *CORRUPTIONS):
         out[f"rule:{rule}"] = Fault(f"rule:{rule}", "rules", rule_fault(rule))
     return out

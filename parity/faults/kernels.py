@@ -17,8 +17,8 @@ KERNEL_FAULTS = {
     "ring-read-k-from-gate-plane": ("ops/compress.py", "tail_ptr, 0, w0 + j, qs_pos",
                                     "tail_ptr, stride_tail_plane, w0 + j, qs_pos", "cache-mismatch"),
     # ---- softmax order (§5.3 steps 2-5) -------------------------------------------------------
-    # the normalizer Z leaves out slot 0 (a running max that skips a slot is NOT a fault here: it
-    # changes the fp32 result by a few ulps, inside the rounding certificate of parity-contract §3)
+    # the normalizer Z leaves out slot 0 (a running max that skips a slot changes the fp32 result
+    # by a few ulps on close logits; faults.families "softmax-max-skips-slot" needs far-apart ones)
     "softmax-normalizer-skips-slot": ("ops/compress.py", "                z = e\n",
                                       "                z = tl.zeros_like(e)\n", "cache-mismatch"),
     # ---- bf16 rounding (§5.3 step 6) ---------------------------------------------------------

@@ -185,7 +185,8 @@ def fingerprint(case) -> str:
     h.update(repr((case.config, case.geometry, case.values, case.seed)).encode())
     for s in case.steps:
         h.update(repr((s.name, s.batch, list(s.request_ids), s.compute_topk, s.output_buffer, s.seed, s.inputs,
-                       s.patch_metadata, s.expect_error, tuple(s.forks), s.max_score_rows)).encode())
+                       s.patch_metadata, s.expect_error, tuple(s.forks), s.max_score_rows,
+                       getattr(s, "layout", None))).encode())
     if case.ape is not None:
         h.update(case.ape.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
