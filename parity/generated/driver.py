@@ -292,7 +292,8 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
                 recorder = Recorder(production)
             try:
                 res = run_case(case, device=device, kernel_forward=recorder, reference_forward=reference,
-                               check_oracle=check_oracle, tie_policy=semantics.tie_policy, **early_stop)
+                               check_oracle=check_oracle, tie_policy=semantics.tie_policy,
+                               bitwise_outputs=semantics.bitwise_outputs, **early_stop)
             except Exception as exc:      # a harness bug: keep the case, shrink it like any failure
                 raise HarnessCrash(case, exc) from exc
             if not res.ok:

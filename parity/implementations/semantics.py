@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 SCORE_MODES = ("relu", "merged")
 TIE_POLICIES = ("canonical", "any")
@@ -28,6 +28,12 @@ operator) or ``none`` (the operator's own validation only)."""
 VALIDATED_BY = "parity_validated_by"
 """Attribute set on an exception raised by the harness's validation, not by the operator."""
 NOT_VALIDATED_NOTE = "not validated by the operator: rejected by the harness's kpool validation (--validate-with kpool)"
+BITWISE_OUTPUTS = ("indices", "compressed_cache", "tail_ring")
+"""Outputs an implementation can claim bitwise (:attr:`parity.implementations.Implementation.bitwise_outputs`)."""
+KPOOL_BITWISE = ("compressed_cache", "tail_ring")
+"""What this repository's kernels claim bitwise on every backend (docs/kernels.md "Compression
+without spills": software exp, ``div_rn``, no FMA, RNE; the ring is a copy). Their index rows
+are not claimed: the score's d-order differs from the reference's (random data: tie certificate)."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +45,15 @@ class RunSemantics:
         tie_policy: ``"canonical"`` or ``"any"``.
         validate_with: ``"kpool"`` or ``None``.
         interp_rne: emulate round-to-nearest-even fp32 -> bf16 casts under the interpreter.
+        bitwise_outputs: outputs (of :data:`BITWISE_OUTPUTS`) the implementation claims bitwise:
+            no certificate applies to them (parity-contract.md §3; issue 19 family 5).
     """
 
     score_mode: Optional[str] = None
     tie_policy: str = "canonical"
     validate_with: Optional[str] = None
     interp_rne: bool = False
+    bitwise_outputs: Tuple[str, ...] = KPOOL_BITWISE
 
     def case(self, case):
         """``case`` with :attr:`score_mode` applied (:func:`with_score_mode`)."""
@@ -62,7 +71,8 @@ class RunSemantics:
     def text(self) -> str:
         """One line for the run header."""
         return (f"score_mode={self.score_mode or 'per case'} ties={self.tie_policy} "
-                f"validate_with={self.validate_with or 'operator'} interp_rne={'on' if self.interp_rne else 'off'}")
+                f"validate_with={self.validate_with or 'operator'} interp_rne={'on' if self.interp_rne else 'off'} "
+                f"bitwise={','.join(self.bitwise_outputs) or 'none'}")
 
 
 def from_options(options) -> RunSemantics:
@@ -70,7 +80,8 @@ def from_options(options) -> RunSemantics:
     return RunSemantics(score_mode=getattr(options, "score_mode", None),
                         tie_policy=getattr(options, "tie_policy", "canonical"),
                         validate_with=getattr(options, "validate_with", None),
-                        interp_rne=bool(getattr(options, "interp_rne", False)))
+                        interp_rne=bool(getattr(options, "interp_rne", False)),
+                        bitwise_outputs=tuple(getattr(options, "bitwise_outputs", KPOOL_BITWISE)))
 
 
 def resolve_semantics(implementation, *, score_mode: Optional[str] = None, ties: Optional[str] = None,
@@ -91,7 +102,8 @@ def resolve_semantics(implementation, *, score_mode: Optional[str] = None, ties:
     return RunSemantics(score_mode=score_mode or implementation.score_mode,
                         tie_policy=ties or implementation.tie_policy,
                         validate_with=None if validate_with == "none" else validate_with,
-                        interp_rne=bool(interp_rne))
+                        interp_rne=bool(interp_rne),
+                        bitwise_outputs=tuple(getattr(implementation, "bitwise_outputs", ())))
 
 
 def with_score_mode(case, score_mode: Optional[str]):
