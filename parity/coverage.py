@@ -22,6 +22,8 @@ from cases.values import case_ape, make_inputs, row_requests
 from reference.numerics import LOWEST, canonical_topk, pool_scores, sanitize_scores, visible_pools
 from reference.oracle import HistoryOracle
 
+from .coverage_families import family_lines, family_step_classes
+
 REQUIRED: Tuple[Tuple[str, str], ...] = (
     ("pool-boundary decode", "decode row whose token completes a pool ((p+1) % P == 0)"),
     ("mid-chunk pool completion", "a pool completed by a non-last row of a multi-row chunk"),
@@ -93,8 +95,11 @@ def classify_case(case) -> Tuple[Counter, Dict[int, set], Dict[int, set]]:
     ape = case_ape(case)
     oracle = HistoryOracle(index_kpool=P)
     last_end: Dict[int, int] = {}
+    family_state: dict = {}
     for step in case.steps:
         meta = step_metadata(case, step)
+        if step.expect_error is None:
+            classes.update(family_step_classes(case, step, meta, family_state))
         T, T_live = meta.num_tokens, meta.num_live_tokens
         if step.expect_error is not None:
             classes["bad metadata rejected"] += 1
@@ -259,6 +264,7 @@ class Coverage:
                 miss = sorted(set(range(P)) - seen)
                 out.append(f"  {label} at P={P}: {len(seen)}/{P} seen"
                            + (f", missing {_ranges(miss)}" if miss else " (complete)"))
+        out += family_lines(self.classes)
         for prefix in ("P=", "B="):
             seen = sorted((k for k in self.classes if k.startswith(prefix)), key=lambda k: int(k[2:]))
             out.append(f"  {prefix[0]} values: " + ", ".join(f"{k[2:]} (x{self.classes[k]})" for k in seen))

@@ -91,7 +91,7 @@ def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine")
             console.print(line + "[green]ok[/]")
             continue
         status = commands.EXIT_FAIL
-        fixed = out.case is not None and any(str(t).startswith("coverage:") for t in out.case.tags)
+        fixed = out.case is not None and any(str(t).startswith(("coverage:", "family:")) for t in out.case.tags)
         how = ", a guaranteed-coverage case" if fixed else (", shrunk" if out.failure_kind == "parity" else "")
         console.print(line + f"[red]FAILED[/] ({escape(str(out.failure_kind))}{how})")
         _print_generated_failure(out, console, error_summary)
