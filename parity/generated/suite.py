@@ -11,6 +11,7 @@ from cases.corpus import describe
 from cases.profiles import load_profile
 
 from ..coverage import Coverage
+from ..size_cases import run_size_family
 from .driver import error_summary, run_generated
 from .warmup import warm_kernels
 
@@ -100,6 +101,12 @@ def run_generated_suite(args, device: str, console, *, kinds=("batch", "engine")
         if out.saved:
             console.print(escape(f"  kept in {out.saved}; promote it into cases/corpus with: "
                                  f"python -m parity corpus add {out.saved}"))
+    size_ok, size_lines = run_size_family(device, prof.name, kernel_forward)     # issue 19 family 6
+    for text in size_lines:
+        console.print(escape(text))
+    if not size_ok:
+        status = commands.EXIT_FAIL
+        lines.append("size family FAILED")
     for text in total.lines() if total.cases else ["coverage: no generated case passed"]:
         console.print(escape(text))
     if counts is not None:
