@@ -92,9 +92,10 @@ def test_relu_is_refused_before_any_launch():
 
 def test_declared_defaults_apply_and_flags_override():
     impl = resolve(f"vllm-ascend:{STANDIN['new']}")
-    assert resolve_semantics(impl) == RunSemantics("merged", "any", "kpool", False)
+    # the operators claim no output bitwise (tl.exp): the rounding certificate applies to their cache
+    assert resolve_semantics(impl) == RunSemantics("merged", "any", "kpool", False, bitwise_outputs=())
     assert resolve_semantics(impl, score_mode="relu", ties="canonical", validate_with="none", interp_rne=True) \
-        == RunSemantics("relu", "canonical", None, True)
+        == RunSemantics("relu", "canonical", None, True, bitwise_outputs=())
     assert resolve_semantics(resolve("kpool")) == RunSemantics(None, "canonical", None, False)
     with pytest.raises(ValueError):
         resolve_semantics(impl, ties="lower-first")
