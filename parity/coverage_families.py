@@ -27,6 +27,7 @@ FAMILY_CLASSES: Tuple[Tuple[str, str], ...] = (
     ("logical pools > physical rows", "max_pool_seq_len or the step's pools beyond N * B"),
     ("unvalidated stale metadata", "stale slots / positions run through validate=False"),
     ("pooled values on rounding midpoints", "a step whose pooled elements sit on bf16 midpoints"),
+    ("merged pools on iso-score lines", "a scored step whose top-k boundary only exact qbar products keep"),
 )
 """``(class, meaning)`` of the families' section of the coverage report."""
 
@@ -63,8 +64,10 @@ def family_step_classes(case, step, meta, state: Dict) -> Counter:
         out["logical pools > physical rows"] += 1
     if runs_unvalidated(step):
         out["unvalidated stale metadata"] += 1
-    if "family:exactness" in case.tags:
+    if "exactness:midpoints" in case.tags:
         out["pooled values on rounding midpoints"] += 1
+    if "exactness:iso-scores" in case.tags and step.compute_topk:
+        out["merged pools on iso-score lines"] += 1
     return out
 
 

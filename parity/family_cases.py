@@ -29,6 +29,7 @@ from cases.families import enabled
 from cases.genvalues import random_ape
 from cases.spec import Case
 from cases.structure import small_config, structure_cases, unvalidated_case
+from kpool.config import KPoolConfig
 
 BOUNDARY_TOKENS = (10, 14)
 """Rows of the boundary-values case's two steps: pools 0-1, then pools 2-5 (pool 2 straddles:
@@ -115,7 +116,60 @@ def boundary_values_case(head_dim: int = 16, seed: int = 19) -> Case:
                  inputs=BoundaryInputs(table_k, table_gate, cfg.index_n_heads, seed))
     return sim.build("exactness-rounding-midpoints", ape=ape, seed=seed,
                      description="every pooled element on a bf16 rounding midpoint (claimed-bitwise cache)",
-                     tags=("family:exactness",))
+                     tags=("family:exactness", "exactness:midpoints"))
+
+
+@dataclass(frozen=True, eq=False)
+class TableInputs:
+    """``Step.inputs``: every live row's ``k`` from ``k[request id, position]``, its ``q`` and
+    ``weights`` from its request's ``q[request id]``, ``weights[request id]``; gate zero, padding
+    rows zero."""
+
+    k: torch.Tensor = field(repr=False)
+    q: torch.Tensor = field(repr=False)
+    weights: torch.Tensor = field(repr=False)
+
+    def __call__(self, case, step, metadata) -> dict:
+        from cases.values import row_requests
+        T, T_live = metadata.num_tokens, metadata.num_live_tokens
+        H, D = self.q.shape[1:]
+        rid = torch.tensor([step.request_ids[int(r)] for r in row_requests(metadata)[:T_live]], dtype=torch.int64)
+        pos = metadata.positions[:T_live].to(torch.int64)
+        out = dict(k=torch.zeros(T, D), gate=torch.zeros(T, D), q=torch.zeros(T, H, D, dtype=torch.bfloat16),
+                   weights=torch.zeros(T, H))
+        out["k"][:T_live] = self.k[rid, pos]
+        out["q"][:T_live], out["weights"][:T_live] = self.q[rid], self.weights[rid]
+        return out
+
+
+def iso_score_case(requests: int = 8, pools: int = 64, seed: int = 23) -> Case:
+    """Score mode (M), P = 1, K_pool = ``pools / 2``: each request's pools ``(a_j, b_j, 0, 0)``
+    lie on its decode row's iso-score line ``qbar_0 a + qbar_1 b = 1`` up to the bf16 rounding
+    of ``b_j`` (relative gaps near 2^-15, far above the tie certificate's bound, near 1e-6 at
+    D = 4), with ``a_j`` spread so that the two channels' shares of the score vary from pool to
+    pool. A score path that rounds ``qbar`` per channel (a TF32 dot of the fp32 ``qbar``: relative
+    errors up to 2^-10 that differ between channels) reorders pools across the top-k boundary;
+    the exact three-part split does not. Then a decode scores every request."""
+    H, D = 2, 4
+    cfg = KPoolConfig(index_n_heads=H, index_head_dim=D, index_kpool=1, index_topk=pools // 2, score_mode="merged")
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(requests, H, D, generator=g).to(torch.bfloat16)
+    w = torch.randn(requests, H, generator=g) / 8 + torch.tensor([0.25, -0.25])
+    qbar = (w.double()[:, :, None] * q.double()).sum(dim=1)                       # [R, D] (design only)
+    t = torch.rand(requests, pools, generator=g).double() * 0.6 + 0.2
+    a = (t / qbar[:, :1]).to(torch.bfloat16).double()
+    b = ((1.0 - qbar[:, :1] * a) / qbar[:, 1:2]).to(torch.bfloat16).double()
+    k = torch.zeros(requests, pools + 1, D)
+    k[:, :pools, 0], k[:, :pools, 1] = a.float(), b.float()                  # the decode row's own pool: 0
+    sim = EngineSim(cfg, page_size=16, num_pages=requests * -(-(pools + 1) // 16) + 2, num_ring_blocks=requests + 1,
+                    max_pages=-(-(pools + 1) // 16), pick=lambda n: n // 2)
+    rids = [sim.admit() for _ in range(requests)]
+    inputs = TableInputs(k, q, w)
+    sim.step([Action(r, pools) for r in rids], name="pools", compute_topk=False, inputs=inputs, seed=1)
+    sim.step([Action(r, 1) for r in reversed(rids)], name="decode-iso-scores", inputs=inputs, seed=2)
+    return sim.build("exactness-merged-iso-scores", ape=torch.zeros(1, D), seed=seed,
+                     description="merged-mode pools on iso-score lines: qbar precision decides the top-k",
+                     tags=("family:exactness", "exactness:iso-scores"))
 
 
 def family_cases(kind: str) -> List[Case]:
@@ -127,5 +181,5 @@ def family_cases(kind: str) -> List[Case]:
     if kind == "engine" and enabled("unvalidated"):
         out.append(unvalidated_case())
     if kind == "batch" and enabled("exactness"):
-        out.append(boundary_values_case())
+        out += [boundary_values_case(), iso_score_case()]
     return out

@@ -29,7 +29,7 @@ def test_claimed_bitwise_follows_the_declaration_and_the_switch(monkeypatch):
 def test_family_cases_and_the_switch(monkeypatch):
     names = {k: [c.name for c in family_cases(k)] for k in ("batch", "engine")}
     assert names == {"batch": ["structure-chunked-decode", "structure-rearranged", "structure-wide-rows",
-                               "exactness-rounding-midpoints"],
+                               "exactness-rounding-midpoints", "exactness-merged-iso-scores"],
                      "engine": ["structure-shared-prefix", "unvalidated-stale-metadata"]}
     monkeypatch.setenv(OFF_ENV, "structure,unvalidated,exactness")
     assert family_cases("batch") == [] and family_cases("engine") == []
@@ -70,10 +70,12 @@ def test_family_coverage_counts():
     assert {k: cov.classes[k] for k in ("chunk starts at a decode/MTP row", "decode/MTP request across chunks",
                                         "same counts, new arrangement", "row wider than 4096 pools",
                                         "shared prefix pages", "logical pools > physical rows",
-                                        "unvalidated stale metadata", "pooled values on rounding midpoints")} == {
+                                        "unvalidated stale metadata", "pooled values on rounding midpoints",
+                                        "merged pools on iso-score lines")} == {
         "chunk starts at a decode/MTP row": 5, "decode/MTP request across chunks": 3,
         "same counts, new arrangement": 3, "row wider than 4096 pools": 2, "shared prefix pages": 4,
-        "logical pools > physical rows": 4, "unvalidated stale metadata": 4, "pooled values on rounding midpoints": 2}
+        "logical pools > physical rows": 4, "unvalidated stale metadata": 4, "pooled values on rounding midpoints": 2,
+        "merged pools on iso-score lines": 1}
     assert not any("NOT EXERCISED" in line for line in cov.lines() if "families" in line)
 
 
@@ -90,14 +92,15 @@ CASE_FAULTS = [
     ("unvalidated-stale-metadata", "compress-wherever-slot"),
     ("exactness-rounding-midpoints", "compress-multiply-before-divide"),
     ("exactness-rounding-midpoints", "compress-reciprocal-division"),
+    ("exactness-merged-iso-scores", "merged-qbar-tf32"),
 ]
 
 
 def _case(name):
     import cases.structure as S
-    from parity.family_cases import boundary_values_case
+    from parity.family_cases import boundary_values_case, iso_score_case
     builders = (S.chunked_decode_case, S.rearranged_case, S.wide_rows_case, S.shared_prefix_case,
-                S.unvalidated_case, boundary_values_case)
+                S.unvalidated_case, boundary_values_case, iso_score_case)
     return next(c for c in (b() for b in builders) if c.name == name)
 
 
@@ -118,7 +121,7 @@ def test_family_fault_fails_its_case(name, fault, device, monkeypatch):
     forward = load_mutant(fault, mutation=FAULTS[fault].mutation).forward
     res = run_case(_case(name), device=device, kernel_forward=forward, check_oracle=False)
     assert not res.ok
-    if name.startswith("exactness-"):        # the claim, not the values, catches it
+    if name == "exactness-rounding-midpoints":        # the claim, not the values, catches it
         assert set(res.failures["verdict"]) == {"cache-mismatch"}
         monkeypatch.setenv(OFF_ENV, "exactness")
         off = run_case(_case(name), device=device, kernel_forward=forward, check_oracle=False)
