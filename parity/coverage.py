@@ -22,7 +22,7 @@ from cases.values import case_ape, make_inputs, row_requests
 from reference.numerics import LOWEST, canonical_topk, pool_scores, sanitize_scores, visible_pools
 from reference.oracle import HistoryOracle
 
-from .coverage_families import family_lines, family_step_classes
+from .coverage_structure import family_lines, family_step_classes
 
 REQUIRED: Tuple[Tuple[str, str], ...] = (
     ("pool-boundary decode", "decode row whose token completes a pool ((p+1) % P == 0)"),

@@ -69,7 +69,7 @@ def hunt(name: str, device: str, suites: List[str], size: str = "all") -> Dict:
 
     from .compare import is_failure
     from .faults import FAULTS
-    from .faults.families import FAMILY_OF
+    from .faults.structure import STRUCTURE_FAMILY_OF
     from .mutants import load_mutant
     from .runner import run_case
     device = str(resolve_device(None if device == "auto" else device))
@@ -90,7 +90,7 @@ def hunt(name: str, device: str, suites: List[str], size: str = "all") -> Dict:
         problems = int64_addressing_check(device, forward)
         if problems:
             return done("device-large-case", "int64-addressing", ["mismatch"], problems[0])
-    if device != "cpu" and FAMILY_OF.get(name) == "size":      # issue 19 family 6: the device size checks
+    if device != "cpu" and STRUCTURE_FAMILY_OF.get(name) == "size":      # issue 19 family 6: the device size checks
         from .size_cases import run_size_family
         ok, lines = run_size_family(device, "device", forward)
         if not ok:

@@ -5,7 +5,7 @@ off (the rounding certificate accepts them: the evidence that only the claim cat
 import pytest
 import torch
 
-from cases.families import OFF_ENV, enabled
+from cases.families import FAMILIES_OFF_ENV as OFF_ENV, enabled
 from parity.family_cases import family_cases
 
 
@@ -126,3 +126,14 @@ def test_family_fault_fails_its_case(name, fault, device, monkeypatch):
         monkeypatch.setenv(OFF_ENV, "exactness")
         off = run_case(_case(name), device=device, kernel_forward=forward, check_oracle=False)
         assert off.ok and (off.findings["verdict"] == "rounding-boundary").any(), off.failures
+
+
+def test_a_claimed_cache_gets_no_rounding_certificate():
+    """The same 1-ulp move across a bf16 midpoint: certified for an operator that claims nothing,
+    a cache-mismatch naming the claim for one that claims its cache bitwise."""
+    from tests.certificate_cases import run
+    from tests.test_certificates import _flipping_kernel, _midpoint_case
+    assert run(_midpoint_case(), _flipping_kernel(1)).ok
+    res = run(_midpoint_case(), _flipping_kernel(1), bitwise_outputs=("compressed_cache",))
+    bad = res.failures[res.failures["output"] == "compressed_cache"]
+    assert set(bad["verdict"]) == {"cache-mismatch"} and "claimed bitwise" in bad.iloc[0]["detail"]

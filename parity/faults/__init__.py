@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from .families import FAMILY_DEVICE_ONLY, FAMILY_FAULTS, FAMILY_STAGES
+from .structure import STRUCTURE_DEVICE_ONLY, STRUCTURE_FAULTS, STRUCTURE_STAGES
 from .kernels import DEVICE_ONLY, KERNEL_FAULTS
 
 REJECT_LINE = "    raise RULES[rule].error(message, rule=rule)"
@@ -81,8 +81,8 @@ def _catalog() -> Dict[str, Fault]:
     out = {}
     for name, mutation in {**MUTANTS, **KERNEL_FAULTS}.items():
         out[name] = Fault(name, _STAGES.get(name, "other"), tuple(mutation), DEVICE_ONLY.get(name))
-    for name, mutation in FAMILY_FAULTS.items():      # issue 19 families 3-6 (parity.faults.families)
-        out[name] = Fault(name, FAMILY_STAGES[name], tuple(mutation), FAMILY_DEVICE_ONLY.get(name))
+    for name, mutation in STRUCTURE_FAULTS.items():      # issue 19 families 3-6 (parity.faults.structure)
+        out[name] = Fault(name, STRUCTURE_STAGES[name], tuple(mutation), STRUCTURE_DEVICE_ONLY.get(name))
     for rule in (*VIOLATIONS, *CORRUPTIONS):
         out[f"rule:{rule}"] = Fault(f"rule:{rule}", "rules", rule_fault(rule))
     return out

@@ -3,13 +3,14 @@ unvalidated path, exactness per implementation, size), in the :data:`parity.muta
 format ``name -> (file relative to kpool/, old, new, expected finding class)``; ``old``/``new``
 may be tuples (several edits of one file, one mistake).
 
-:data:`FAMILY_OF` names the family whose cases or rules kill each fault; with that family
-switched off (:data:`cases.families.OFF_ENV`, used only by the self-test's evidence and the
-tests) the fault survives every default suite (docs/validation.md, the kill table).
+:data:`STRUCTURE_FAMILY_OF` names the family whose cases or rules kill each fault; with that
+family switched off (``PARITY_FAMILIES_OFF``, :mod:`cases.families`, used only by the self-test's
+evidence and the tests) the fault survives every default suite (docs/validation.md, the kill
+table). (Families 1-2 have their own faults module.)
 """
 from __future__ import annotations
 
-FAMILY_FAULTS = {
+STRUCTURE_FAULTS = {
     # ---- family 3, structure --------------------------------------------------------------------
     # the prefill row blocks (found on the device from cum_query_lens) cached by the batch's
     # counts, as a captured plan would freeze them: a later batch with the same counts but another
@@ -80,7 +81,7 @@ FAMILY_FAULTS = {
         "crash"),
 }
 
-FAMILY_OF = {
+STRUCTURE_FAMILY_OF = {
     "block-ends-cached-by-counts": "structure", "decode-chunk-straddle-skipped": "structure",
     "key-pool-id-from-lane": "structure", "pool-bound-by-physical-pages": "structure",
     "compress-wherever-slot": "unvalidated",
@@ -88,9 +89,9 @@ FAMILY_OF = {
     "compress-approximate-division": "exactness", "cuda-fp-fusion": "exactness", "merged-qbar-tf32": "exactness",
     "expand-rows-on-grid-axis-1": "size",
 }
-"""Fault -> the family that catches it (:data:`cases.families.FAMILIES`)."""
+"""Fault -> the family that catches it (:data:`cases.families.SWITCHABLE`)."""
 
-FAMILY_STAGES = {
+STRUCTURE_STAGES = {
     "block-ends-cached-by-counts": "launch-state", "decode-chunk-straddle-skipped": "chunked-scoring",
     "key-pool-id-from-lane": "topk-order", "pool-bound-by-physical-pages": "rules",
     "compress-wherever-slot": "completing-row", "compress-multiply-before-divide": "compress-rounding",
@@ -99,7 +100,7 @@ FAMILY_STAGES = {
     "expand-rows-on-grid-axis-1": "launch-geometry",
 }
 
-FAMILY_DEVICE_ONLY = {
+STRUCTURE_DEVICE_ONLY = {
     "compress-approximate-division": "the interpreter's fp32 '/' is an exact (numpy) division; CUDA's is approximate",
     "cuda-fp-fusion": "the interpreter never contracts a*b+c into an FMA; the CUDA compiler does when allowed",
     "expand-rows-on-grid-axis-1": "the interpreter has no grid limits; CUDA's axis 1 holds at most 65535 programs: "
