@@ -1,17 +1,25 @@
-"""Input families of issue 19 that can be switched off, for the self-test only.
+"""Input and rule families of issue 19 that can be switched off, for the self-test only.
 
-A family is a class of inputs the suites draw (the generated batches and engine sequences, and
-its seed scenarios). ``python -m parity selftest --without-family NAME`` and the tests turn one
-off to show that a planted fault only that family catches survives every suite without it
-(docs/validation.md "kill table"). A default run never turns a family off.
+A family is a class of inputs the suites draw (generated batches and engine sequences, their
+fixed cases, seed scenarios) or a rule of the comparison. The tests (and, on the branch of
+families 1-2, ``python -m parity selftest --without-family NAME``) turn one off to show that a
+planted fault only that family catches survives every suite without it (docs/validation.md
+"kill table"). A default run never turns a family off.
 
-Families here:
+Families here (1-2 on the values-layouts branch, 3-6 on this one):
 
-* ``values``: finite values from the whole range the contract allows (:mod:`cases.ranges`);
-* ``layouts``: every strided input the forward accepts (:mod:`cases.layouts`).
+* ``values``, ``layouts``: the whole value range, strided inputs (issue 19 families 1-2);
+* ``structure``: decode / MTP rows scored in chunks past row 0, same counts in another
+  arrangement, rows wider than the interpreter's pool block, prefix-shared pages under a table
+  wider than the page pool (:mod:`cases.structure`);
+* ``unvalidated``: stale metadata through ``validate=False`` (:mod:`cases.unvalidated`);
+* ``exactness``: outputs an implementation claims bitwise get no certificate, and the inputs
+  that make a 1-ulp change visible (``parity.family_cases``);
+* ``size``: caches of >= 2**31 elements and > 65535 pools / rows (device profile,
+  ``parity.size_cases``).
 
 Switch: the environment variable :data:`FAMILIES_OFF_ENV` (comma-separated names), read at each
-call, so worker processes of ``--jobs N`` inherit it.
+call, so worker processes inherit it.
 """
 from __future__ import annotations
 
@@ -20,8 +28,8 @@ from typing import FrozenSet
 
 FAMILIES_OFF_ENV = "PARITY_FAMILIES_OFF"
 """Comma-separated family names turned off (self-test and tests only)."""
-SWITCHABLE = ("values", "layouts")
-"""Families this switch knows (another family module may extend the tuple)."""
+SWITCHABLE = ("values", "layouts", "structure", "unvalidated", "exactness", "size")
+"""Families this switch knows."""
 
 
 def families_off() -> FrozenSet[str]:
@@ -38,7 +46,13 @@ def families_off() -> FrozenSet[str]:
 
 
 def enabled(name: str) -> bool:
-    """Whether family ``name`` is drawn (True unless switched off)."""
+    """Whether family ``name`` is on (True unless switched off).
+
+    Raises:
+        ValueError: ``name`` or a switched-off name outside :data:`SWITCHABLE`.
+    """
+    if name not in SWITCHABLE:
+        raise ValueError(f"unknown family {name!r}; known: {list(SWITCHABLE)}")
     return name not in families_off()
 
 

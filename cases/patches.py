@@ -17,6 +17,8 @@ uses one can be written to the corpus as JSON and read back. Kinds:
 * ``"accepted:<name>"`` ``(P, N, B, blocks, C)``: valid metadata the builder never produces
   (:mod:`cases.accepted`: completing padding rows, a tight block table, garbage in unread
   table columns, idle requests' ring blocks). Outputs must not change.
+* ``"unvalidated:<name>"`` ``(P, N, B, blocks, C)``: stale metadata only the ``validate=False``
+  forward sees (:mod:`cases.unvalidated`); the kernel must follow the positions.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch
 PATCH_KINDS = ("ring-block-out-of-range", "stale-padded-lengths")
 VIOLATION_PREFIX = "violate:"
 ACCEPTED_PREFIX = "accepted:"
+UNVALIDATED_PREFIX = "unvalidated:"
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,16 @@ class MetadataPatch:
     args: Tuple[int, ...]
 
     def __post_init__(self):
-        if self.kind not in PATCH_KINDS and not self.kind.startswith((VIOLATION_PREFIX, ACCEPTED_PREFIX)):
+        if self.kind not in PATCH_KINDS and not self.kind.startswith((VIOLATION_PREFIX, ACCEPTED_PREFIX,
+                                                                      UNVALIDATED_PREFIX)):
             raise ValueError(f"patch kind must be one of {PATCH_KINDS}, got {self.kind!r}")
 
     def __call__(self, meta):
+        if self.kind.startswith(UNVALIDATED_PREFIX):
+            from .unvalidated import rewrite as stale
+            P, N, B, blocks, C = self.args
+            return stale(self.kind[len(UNVALIDATED_PREFIX):], meta, index_kpool=P, num_pages=N, page_size=B,
+                         num_tail_blocks=blocks, ring_capacity=C)
         if self.kind.startswith(ACCEPTED_PREFIX):
             from .accepted import rewrite
             P, N, B, blocks, C = self.args

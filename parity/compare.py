@@ -241,12 +241,14 @@ def _coords(mask: torch.Tensor, names: Sequence[Optional[str]]) -> dict:
 
 
 def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor,
-                       output: str = "compressed_cache", context=None) -> List[dict]:
+                       output: str = "compressed_cache", context=None, claimed_bitwise: bool = False) -> List[dict]:
     """Compare bf16 ``[N, B, 1, D]`` compressed caches on their int16 bits, whole tensor.
 
     Args:
         context: :class:`parity.certificates.RoundingContext` of the step, or ``None`` (no
             certificate: exact-data cases).
+        claimed_bitwise: the implementation claims its cache bitwise (issue 19 family 5): no
+            certificate, and every mismatch says so.
 
     Returns findings ``exact``, ``rounding-boundary`` (certified elements, parity-contract.md
     §3.1), ``cache-mismatch`` / ``nan-introduced`` (first at page, page_row, channel).
@@ -256,9 +258,14 @@ def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor
     if kernel_cache.shape != reference_cache.shape or kernel_cache.dtype != reference_cache.dtype:
         raise ValueError(f"cache layouts differ: {kernel_cache.shape} vs {reference_cache.shape}")
     k, r = kernel_cache.detach().cpu(), reference_cache.detach().cpu()
+    if claimed_bitwise:
+        def certify(a, b, d):
+            return torch.zeros_like(d), "claimed bitwise by the implementation: no certificate applies"
+    else:
+        def certify(a, b, d):
+            return certify_rounding_boundaries(a, b, d, context)
     return _cache_findings(output, bits(k), bits(r), torch.isnan(k), torch.isnan(r),
-                           ("page", "page_row", None, "channel"), "cache-mismatch",
-                           certify=lambda a, b, d: certify_rounding_boundaries(a, b, d, context))
+                           ("page", "page_row", None, "channel"), "cache-mismatch", certify=certify)
 
 
 def compare_ring(kernel_ring: torch.Tensor, reference_ring: torch.Tensor,

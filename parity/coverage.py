@@ -23,6 +23,7 @@ from reference.numerics import LOWEST, canonical_topk, pool_scores, sanitize_sco
 from reference.oracle import HistoryOracle
 
 from .coverage_families import FAMILY_REQUIRED, input_classes, score_classes
+from .coverage_structure import family_lines, family_step_classes
 
 REQUIRED: Tuple[Tuple[str, str], ...] = (
     ("pool-boundary decode", "decode row whose token completes a pool ((p+1) % P == 0)"),
@@ -96,8 +97,11 @@ def classify_case(case) -> Tuple[Counter, Dict[int, set], Dict[int, set]]:
     ape = case_ape(case)
     oracle = HistoryOracle(index_kpool=P)
     last_end: Dict[int, int] = {}
+    family_state: dict = {}
     for step in case.steps:
         meta = step_metadata(case, step)
+        if step.expect_error is None:
+            classes.update(family_step_classes(case, step, meta, family_state))
         T, T_live = meta.num_tokens, meta.num_live_tokens
         if step.expect_error is not None:
             classes["bad metadata rejected"] += 1
@@ -264,6 +268,7 @@ class Coverage:
                 miss = sorted(set(range(P)) - seen)
                 out.append(f"  {label} at P={P}: {len(seen)}/{P} seen"
                            + (f", missing {_ranges(miss)}" if miss else " (complete)"))
+        out += family_lines(self.classes)
         for prefix in ("P=", "B="):
             seen = sorted((k for k in self.classes if k.startswith(prefix)), key=lambda k: int(k[2:]))
             out.append(f"  {prefix[0]} values: " + ", ".join(f"{k[2:]} (x{self.classes[k]})" for k in seen))

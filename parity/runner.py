@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import pandas as pd
 import torch
 
 from cases.steps import build_step, fp32_ape
+from cases.unvalidated import runs_unvalidated
 
 from . import compare as cmp
 from . import sentinel as sen
 from .certificates import check_tie_policy
-from .checked_reference import checked_reference
+from .checked_reference import checked_reference, is_checked
 from .determinism import determinism_findings
 from .forwards import accepts_keyword, backend_of, call, torch_device
 from .implementations.semantics import is_unsupported, validation_note
@@ -63,6 +64,22 @@ def _modified_inputs(kwargs: dict, sources: dict) -> dict:
     return changed
 
 
+
+def claimed_bitwise(bitwise_outputs: Optional[Sequence[str]]) -> frozenset:
+    """The outputs a run compares with no certificate: ``bitwise_outputs`` (``None``: kpool's
+    claim), or none when the ``exactness`` family is switched off (:mod:`cases.families`).
+
+    Raises:
+        ValueError: an output outside :data:`parity.implementations.semantics.BITWISE_OUTPUTS`.
+    """
+    from cases.families import enabled
+
+    from .implementations.semantics import BITWISE_OUTPUTS, KPOOL_BITWISE
+    claimed = frozenset(KPOOL_BITWISE if bitwise_outputs is None else bitwise_outputs)
+    if claimed - set(BITWISE_OUTPUTS):
+        raise ValueError(f"unknown bitwise outputs {sorted(claimed - set(BITWISE_OUTPUTS))}; known {BITWISE_OUTPUTS}")
+    return claimed if enabled("exactness") else frozenset()
+
 @dataclass
 class _Side:
     """One side's persistent state: caches and device."""
@@ -78,7 +95,7 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
              mode: str = "lockstep", repeat: int = 1, certificates: Optional[bool] = None,
              on_step: Optional[Callable] = None, keep_outputs: int = KEEP_OUTPUT_STEPS,
              stop_on_failure: bool = False, tie_policy: str = "canonical",
-             step_observer: Optional[Callable] = None) -> CaseResult:
+             step_observer: Optional[Callable] = None, bitwise_outputs: Optional[Sequence[str]] = None) -> CaseResult:
     """Run every step of ``case`` on the kernel and the reference and compare them.
 
     Args:
@@ -109,6 +126,10 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
         tie_policy: the implementation's top-k tie policy, ``"canonical"`` or ``"any"``
             (:data:`parity.certificates.TIE_POLICIES`); under ``any`` exact-data steps get a
             zero-tolerance tie context too.
+        bitwise_outputs: outputs the implementation claims bitwise (``"indices"``,
+            ``"compressed_cache"``, ``"tail_ring"``; ``None``: kpool's claim,
+            :data:`parity.implementations.semantics.KPOOL_BITWISE`): no certificate applies to
+            them, so a 1-ulp move of a claimed cache is a ``cache-mismatch`` (issue 19 family 5).
 
     Returns:
         :class:`CaseResult`. Exceptions of either forward become findings (``crash``, or the
@@ -143,7 +164,8 @@ def run_case(case, *, device, kernel_forward: Optional[Callable] = None,
     if certificates is None:
         certificates = case.values != "exact"
     run = _RunState(kernel_forward=kernel_forward, reference_forward=reference_forward, mode=mode,
-                    repeat=repeat, certificates=bool(certificates), oracle=oracle, tie_policy=tie_policy)
+                    repeat=repeat, certificates=bool(certificates), oracle=oracle, tie_policy=tie_policy,
+                    bitwise=claimed_bitwise(bitwise_outputs))
 
     frames, timings, steps_run, outputs = [], [], 0, {}
     for i, step in enumerate(case.steps):
@@ -183,6 +205,7 @@ class _RunState:
     oracle: object
     carried: dict = field(default_factory=dict)   # RoundingContext.carried, across steps
     tie_policy: str = "canonical"
+    bitwise: frozenset = frozenset()              # outputs claimed bitwise: never certified
 
 
 @dataclass
@@ -218,9 +241,12 @@ def _side_kwargs(case, step, built, caches, buf, dev, fn: Optional[Callable] = N
     """One side's forward keyword arguments (:meth:`cases.steps.StepInputs.forward_kwargs`, every
     tensor copied: the sides share no tensor). ``fn`` is the kernel forward: it also gets the
     step's ``max_score_rows`` (chunked scoring, :attr:`cases.spec.Step.max_score_rows`) when set
-    and accepted; the reference has no score scratch."""
+    and accepted, and ``validate=False`` on a stale-metadata step (:mod:`cases.unvalidated`); the
+    reference has no score scratch and never validates."""
     rows = _score_rows(step, fn)
     extra = {} if rows is None else {"max_score_rows": rows}
+    if fn is not None and runs_unvalidated(step) and accepts_keyword(fn, "validate"):
+        extra["validate"] = False          # stale metadata: the FULL-replay path (cases.unvalidated)
     return built.forward_kwargs(case, step, caches, device=dev, copy=True,
                                 output_buffer=buf.view if buf is not None else None, **extra)
 
@@ -266,6 +292,8 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
         buf = sen.allocate_output_buffer(step.output_buffer, device=side.dev) if step.output_buffer else None
         buf_before = buf.backing.detach().cpu().clone() if buf is not None else None
         kwargs = _side_kwargs(case, step, built, side.caches, buf, side.dev, fn if side is kernel else None)
+        if side is ref and runs_unvalidated(step) and is_checked(fn):
+            kwargs["validate"] = False      # the harness's metadata check too (parity.checked_reference)
         out, exc, wall = call(fn, _bad_arguments(step, kwargs), side.dev)
         modified_inputs[side.name] = _modified_inputs(kwargs, dict(inputs, ape=ape, **meta.forward_kwargs()))
         times[side.name] = wall
@@ -287,14 +315,15 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
                                  modified_inputs["reference"], times)
     backend = backend_of(kernel.dev)
     rctx = tctx = None
-    if run.certificates:
+    if run.certificates and "compressed_cache" not in run.bitwise:
         rctx = certs.RoundingContext(
             windows=lambda: certs.step_windows(meta, inputs, ring_before, index_kpool=P,
                                                num_pages=geo.num_pages, page_size=B),
             ape=ape, budget_ulps=certs.ROUNDING_BUDGET_ULPS[backend], carried=run.carried)
     # ties=any on exact data: exact scores, zero tolerance (parity.certificates.ties)
     exact_ties = run.tie_policy == "any" and not run.certificates and case.values == "exact"
-    if (run.certificates or exact_ties) and step.compute_topk and inputs.get("q") is not None:
+    if (run.certificates or exact_ties) and step.compute_topk and inputs.get("q") is not None \
+            and "indices" not in run.bitwise:
         tctx = certs.TieContext(
             q=inputs["q"], weights=inputs["weights"], kernel_cache=kernel.caches.compressed_cache,
             reference_cache=ref.caches.compressed_cache, positions=meta.positions,
@@ -322,7 +351,7 @@ def _run_step(case, step, ape, kernel: _Side, ref: _Side, run: _RunState) -> _St
                 tie_policy=run.tie_policy)
     if not stop:
         rows += cmp.compare_compressed(kernel.caches.compressed_cache, ref.caches.compressed_cache,
-                                       context=rctx)
+                                       context=rctx, claimed_bitwise="compressed_cache" in run.bitwise)
         rows += cmp.compare_ring(kernel.caches.tail_cache, ref.caches.tail_cache)
     rows += cmp.sentinel_findings(kchecks, "kernel")
     rows += cmp.sentinel_findings(rchecks, "reference")

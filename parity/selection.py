@@ -102,13 +102,14 @@ def _generated(args, device: str) -> List[Selected]:
     from cases.strategies import batch_cases, engine_cases
 
     from .checked_reference import checked_reference
+    from .family_cases import family_cases
     prof = load_profile(args.profile or ("ci" if device == "cpu" else "device"))
     if args.case:
         raise KeyError("--case does not select generated cases (they have no stable names); drop --case")
     out = []
     for kind, strategy, n in (("batch", batch_cases(prof.bounds), prof.batch_examples),
                               ("engine", engine_cases(prof.bounds), prof.engine_examples)):
-        drawn = guaranteed_cases(kind, prof.bounds) + draw(strategy, n, prof.seed or 0)
+        drawn = guaranteed_cases(kind, prof.bounds) + family_cases(kind) + draw(strategy, n, prof.seed or 0)
         out += [Selected(f"generated:{kind}#{i}", case, "generated", check_oracle=not args.no_oracle,
                          reference_forward=checked_reference()) for i, case in enumerate(drawn)]
     return out

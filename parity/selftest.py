@@ -39,7 +39,8 @@ def add_selftest_parser(sub) -> None:
     p.add_argument("--list", action="store_true", help="list the catalog and the rules without a fault")
     p.add_argument("--json", metavar="FILE", default=None, help="also write the per-fault results here")
     p.add_argument("--without-family", nargs="+", default=None, metavar="FAMILY",
-                   help="turn these input families off in every suite (cases.families: values, layouts), to "
+                   help="turn these families off in every suite (cases.families.SWITCHABLE: values, layouts, "
+                        "structure, unvalidated, exactness, size), to "
                         "show that a fault only that family catches survives without it")
 
 
@@ -72,6 +73,7 @@ def hunt(name: str, device: str, suites: List[str], size: str = "all") -> Dict:
 
     from .compare import is_failure
     from .faults import FAULTS
+    from .faults.structure import STRUCTURE_FAMILY_OF
     from .mutants import load_mutant
     from .runner import run_case
     device = str(resolve_device(None if device == "auto" else device))
@@ -92,6 +94,11 @@ def hunt(name: str, device: str, suites: List[str], size: str = "all") -> Dict:
         problems = int64_addressing_check(device, forward)
         if problems:
             return done("device-large-case", "int64-addressing", ["mismatch"], problems[0])
+    if device != "cpu" and STRUCTURE_FAMILY_OF.get(name) == "size":      # issue 19 family 6: the device size checks
+        from .size_cases import run_size_family
+        ok, lines = run_size_family(device, "device", forward)
+        if not ok:
+            return done("device-size-family", "size", ["failure"], next(x for x in lines if "FAILED" in x))
     cases = _seed_and_corpus(suites, size)
     if fault.stage == "rules":   # speed only: the bad-input scenarios first (the report names the suite)
         cases.sort(key=lambda it: it[1].name not in BAD_INPUT_SCENARIOS)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from .implementations.semantics import KPOOL_BITWISE
 
 DEFAULT_KERNEL = "kpool"
 """Kernel spec of the production kernels (``kpool.indexer.forward``)."""
@@ -43,10 +45,10 @@ class RunOptions:
             (:data:`DEVICE_DECODE_RELATIONS`) when ``--metamorphic`` is not given.
         oracle: ``"history"`` (the whole-history oracle only) or ``"hf"`` (also Hugging Face
             as a third implementation, :mod:`parity.hf_run`; ``--oracle hf``).
-        score_mode, tie_policy, validate_with, interp_rne, supports: the semantics the
+        score_mode, tie_policy, validate_with, interp_rne, supports, bitwise_outputs: the semantics the
             implementation is judged by (:class:`parity.implementations.semantics.RunSemantics`;
             ``--score-mode``, ``--ties``, ``--validate-with``, ``--interp-rne`` or its declared
-            defaults; ``supports``: its declared modes, ``None`` = every mode).
+            defaults; ``supports``: its declared modes, ``None`` = every mode; ``bitwise_outputs``: the outputs it claims bitwise).
         isolate: run the cases in a child worker process (:mod:`parity.isolation`): ``"auto"``
             (implementations that are not this checkout's own), ``"on"`` or ``"off"``.
     """
@@ -66,6 +68,7 @@ class RunOptions:
     interp_rne: bool = False
     supports: Optional[List[str]] = None
     isolate: str = "auto"
+    bitwise_outputs: Tuple[str, ...] = KPOOL_BITWISE
 
     def to_dict(self) -> dict:
         """JSON-able dict."""
@@ -233,6 +236,7 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
                     bar.update(task, description=case.case_id)
                 observer = observer_for(case) if observer_for is not None else None
                 res = run_case(case, device=options.device, kernel_forward=fn, tie_policy=semantics.tie_policy,
+                               bitwise_outputs=semantics.bitwise_outputs,
                                on_step=(lambda c, i, s: bar.advance(task)) if bar is not None else None,
                                step_observer=observer, **kwargs)
                 if observer is not None:

@@ -95,6 +95,12 @@ def compress_pools(k_window: torch.Tensor, gate_window: torch.Tensor, ape: torch
         ``m = max_j s_j`` (sequential), ``e_j = exp_fp32(s_j - m)``, ``Z`` a left-to-right sum,
         each product rounded before its left-to-right add, one RNE rounding at the end.
     """
+    return round_bf16(pooled_fp32(k_window, gate_window, ape))
+
+
+def pooled_fp32(k_window: torch.Tensor, gate_window: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[n, D]``: :func:`compress_pools` before its final bf16 rounding (same arguments,
+    same operation order)."""
     P = k_window.shape[1]
     s = [gate_window[:, j].to(F32) + ape[j].to(F32) for j in range(P)]
     m = s[0]
@@ -107,7 +113,7 @@ def compress_pools(k_window: torch.Tensor, gate_window: torch.Tensor, ape: torch
     out = (e[0] / z) * k_window[:, 0].to(F32)
     for j in range(1, P):
         out = out + (e[j] / z) * k_window[:, j].to(F32)
-    return round_bf16(out)
+    return out
 
 
 def relu_fp32(x: torch.Tensor) -> torch.Tensor:

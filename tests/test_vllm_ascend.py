@@ -171,6 +171,9 @@ def test_declared_defaults_apply_and_flags_override():
         ("relu", "canonical", None, False, None)
     ours = resolve_semantics(resolve("kpool"))
     assert (ours.score_mode, ours.tie_policy, ours.validate_with, ours.interp_rne) == (None, "canonical", None, False)
+    # the operators claim no output bitwise (tl.exp): the rounding certificate applies to their cache
+    assert sem.bitwise_outputs == () and resolve_semantics(impl).bitwise_outputs == ()
+    assert ours.bitwise_outputs == resolve("kpool").bitwise_outputs != ()
     with pytest.raises(ValueError):
         resolve_semantics(impl, ties="lower-first")
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from .families import FAMILY_FAULTS, FAMILY_STAGES
+from .structure import STRUCTURE_DEVICE_ONLY, STRUCTURE_FAULTS, STRUCTURE_STAGES
 from .kernels import DEVICE_ONLY, KERNEL_FAULTS
 
 REJECT_LINE = "    raise RULES[rule].error(message, rule=rule)"
@@ -83,6 +84,8 @@ def _catalog() -> Dict[str, Fault]:
     for name, mutation in {**MUTANTS, **KERNEL_FAULTS, **FAMILY_FAULTS}.items():
         stage = _STAGES.get(name) or FAMILY_STAGES.get(name, "other")
         out[name] = Fault(name, stage, tuple(mutation), DEVICE_ONLY.get(name))
+    for name, mutation in STRUCTURE_FAULTS.items():      # issue 19 families 3-6 (parity.faults.structure)
+        out[name] = Fault(name, STRUCTURE_STAGES[name], tuple(mutation), STRUCTURE_DEVICE_ONLY.get(name))
     for rule in (*VIOLATIONS, *CORRUPTIONS):
         out[f"rule:{rule}"] = Fault(f"rule:{rule}", "rules", rule_fault(rule))
     return out

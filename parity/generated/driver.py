@@ -39,6 +39,7 @@ from cases.strategies import batch_cases, engine_cases
 
 from ..checked_reference import checked_reference
 from ..coverage import Coverage
+from ..family_cases import family_cases
 from ..recording import Recorder
 from ..runner import run_case
 from .warmup import JitClock
@@ -295,7 +296,8 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
                 recorder = Recorder(production)
             try:
                 res = run_case(case, device=device, kernel_forward=recorder, reference_forward=reference,
-                               check_oracle=check_oracle, tie_policy=semantics.tie_policy, **early_stop)
+                               check_oracle=check_oracle, tie_policy=semantics.tie_policy,
+                               bitwise_outputs=semantics.bitwise_outputs, **early_stop)
             except Exception as exc:      # a harness bug: keep the case, shrink it like any failure
                 raise HarnessCrash(case, exc) from exc
             if not res.ok:
@@ -318,7 +320,8 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
                 outcome.coverage.add(case)
 
     test = given(strategy)(check)
-    for case in reversed(guaranteed_cases(kind, bounds) if guaranteed else []):
+    fixed = guaranteed_cases(kind, bounds) + family_cases(kind) if guaranteed else []   # issue 19 families 3-5
+    for case in reversed(fixed):
         test = example(case)(test)      # explicit examples run first, in list order
     test = settings(max_examples=n, database=None, deadline=None, report_multiple_bugs=False,
                     derandomize=False, phases=[Phase.explicit, Phase.generate, Phase.shrink],

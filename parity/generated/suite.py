@@ -12,6 +12,7 @@ from cases.profiles import load_profile
 
 from ..coverage import Coverage
 from ..implementations.semantics import REFUSED
+from ..size_cases import run_size_family
 from .driver import error_summary, run_generated
 from .warmup import warm_kernels
 
@@ -131,7 +132,7 @@ def _run_generated_suite(args, device: str, console, *, kinds, kernel_forward, c
             console.print(line + "[green]ok[/]")
             continue
         status = commands.EXIT_FAIL
-        fixed = out.case is not None and any(str(t).startswith("coverage:") for t in out.case.tags)
+        fixed = out.case is not None and any(str(t).startswith(("coverage:", "family:")) for t in out.case.tags)
         how = ", a guaranteed-coverage case" if fixed else (", shrunk" if out.failure_kind == "parity" else "")
         console.print(line + f"[red]FAILED[/] ({escape(str(out.failure_kind))}{how})")
         _print_generated_failure(out, console, error_summary)
@@ -140,6 +141,12 @@ def _run_generated_suite(args, device: str, console, *, kinds, kernel_forward, c
         if out.saved:
             console.print(escape(f"  kept in {out.saved}; promote it into cases/corpus with: "
                                  f"python -m parity corpus add {out.saved}"))
+    size_ok, size_lines = run_size_family(device, prof.name, kernel_forward)     # issue 19 family 6
+    for text in size_lines:
+        console.print(escape(text))
+    if not size_ok:
+        status = commands.EXIT_FAIL
+        lines.append("size family FAILED")
     for text in total.lines() if total.cases else ["coverage: no generated case passed"]:
         console.print(escape(text))
     if counts is not None:

@@ -25,6 +25,8 @@ import importlib
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .semantics import KPOOL_BITWISE
+
 DEFAULT = "kpool"
 """The spec of the production kernels."""
 
@@ -55,6 +57,10 @@ class Implementation:
             is not called, :func:`parity.implementations.semantics.gated_by_modes`).
         interp_rne: its fp32 -> bf16 casts round to nearest even on the hardware, so a run under
             the interpreter emulates that (``--interp-rne``) unless ``--no-interp-rne`` is given.
+        bitwise_outputs: the outputs it claims bitwise on every backend (a subset of
+            :data:`parity.implementations.semantics.BITWISE_OUTPUTS`); the certificates of
+            parity-contract.md §3 apply only to the others (issue 19 family 5). Default none:
+            an operator with ``tl.exp`` or HF gets the rounding certificate on its cache.
     """
 
     spec: str
@@ -67,6 +73,7 @@ class Implementation:
     description: str = ""
     supports: Optional[frozenset] = None
     interp_rne: bool = False
+    bitwise_outputs: Tuple[str, ...] = ()
 
     def with_semantics(self, **changes) -> "Implementation":
         """A copy with some declared semantics overridden (the CLI's ``--score-mode``,
@@ -122,7 +129,8 @@ def resolve(spec: str) -> Implementation:
 
 def _kpool(spec: str, rest: str) -> Implementation:
     from kpool.indexer import forward
-    return Implementation(spec, forward, package="kpool", description="this repository's Triton kernels")
+    return Implementation(spec, forward, package="kpool", description="this repository's Triton kernels",
+                          bitwise_outputs=KPOOL_BITWISE)
 
 
 def _mutant(spec: str, rest: str) -> Implementation:
@@ -130,7 +138,7 @@ def _mutant(spec: str, rest: str) -> Implementation:
     if rest not in MUTANTS:
         raise KeyError(f"unknown mutant {rest!r}; known: {', '.join(MUTANTS)}")
     return Implementation(spec, load_mutant(rest).forward, package=package_name(rest),
-                          description=f"planted fault {rest}")
+                          description=f"planted fault {rest}", bitwise_outputs=KPOOL_BITWISE)
 
 
 def _module_function(spec: str, rest: str) -> Implementation:
@@ -148,7 +156,8 @@ def _git_revision(spec: str, rest: str) -> Implementation:
     from .git_rev import load_revision, package_name, resolve_revision
     sha = resolve_revision(rest)
     return Implementation(spec, load_revision(sha).forward, package=package_name(sha),
-                          description=f"this repository's kernels at {rest} ({sha[:12]})")
+                          description=f"this repository's kernels at {rest} ({sha[:12]})",
+                          bitwise_outputs=KPOOL_BITWISE)
 
 
 def _vllm_ascend(spec: str, rest: str) -> Implementation:

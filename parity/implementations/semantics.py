@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 SCORE_MODES = ("relu", "merged")
 TIE_POLICIES = ("canonical", "any")
@@ -115,6 +115,12 @@ whose examples are not tabled, reports the calls refused during its run)."""
 def is_unsupported(exc: Optional[BaseException]) -> bool:
     """Whether ``exc`` is an :class:`UnsupportedModeError` (the step's outcome is ``unsupported``)."""
     return isinstance(exc, UnsupportedModeError)
+BITWISE_OUTPUTS = ("indices", "compressed_cache", "tail_ring")
+"""Outputs an implementation can claim bitwise (:attr:`parity.implementations.Implementation.bitwise_outputs`)."""
+KPOOL_BITWISE = ("compressed_cache", "tail_ring")
+"""What this repository's kernels claim bitwise on every backend (docs/kernels.md "Compression
+without spills": software exp, ``div_rn``, no FMA, RNE; the ring is a copy). Their index rows
+are not claimed: the score's d-order differs from the reference's (random data: tie certificate)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,8 @@ class RunSemantics:
         supports: the modes of :data:`MODES` the implementation has (sorted tuple), or ``None``
             (every mode); steps needing another are ``unsupported`` (:func:`gated_by_modes`).
         implementation: the spec named in "unsupported by IMPL" messages.
+        bitwise_outputs: outputs (of :data:`BITWISE_OUTPUTS`) the implementation claims bitwise:
+            no certificate applies to them (parity-contract.md §3; issue 19 family 5).
     """
 
     score_mode: Optional[str] = None
@@ -137,6 +145,7 @@ class RunSemantics:
     interp_rne: bool = False
     supports: Optional[tuple] = None
     implementation: str = dataclasses.field(default="", compare=False)
+    bitwise_outputs: Tuple[str, ...] = KPOOL_BITWISE
 
     def case(self, case):
         """``case`` with :attr:`score_mode` applied (:func:`with_score_mode`)."""
@@ -156,7 +165,8 @@ class RunSemantics:
     def text(self) -> str:
         """One line for the run header."""
         return (f"score_mode={self.score_mode or 'per case'} ties={self.tie_policy} "
-                f"validate_with={self.validate_with or 'operator'} interp_rne={'on' if self.interp_rne else 'off'}"
+                f"validate_with={self.validate_with or 'operator'} interp_rne={'on' if self.interp_rne else 'off'} "
+                f"bitwise={','.join(self.bitwise_outputs) or 'none'}"
                 + ("" if self.supports is None else f" supports={','.join(self.supports) or 'none'}"))
 
 
@@ -168,7 +178,8 @@ def from_options(options) -> RunSemantics:
                         validate_with=getattr(options, "validate_with", None),
                         interp_rne=bool(getattr(options, "interp_rne", False)),
                         supports=None if supports is None else tuple(sorted(supports)),
-                        implementation=getattr(options, "implementation", "") or getattr(options, "kernel", "") or "")
+                        implementation=getattr(options, "implementation", "") or getattr(options, "kernel", "") or "",
+                        bitwise_outputs=tuple(getattr(options, "bitwise_outputs", KPOOL_BITWISE)))
 
 
 def resolve_semantics(implementation, *, score_mode: Optional[str] = None, ties: Optional[str] = None,
@@ -196,7 +207,8 @@ def resolve_semantics(implementation, *, score_mode: Optional[str] = None, ties:
                         interp_rne=bool(getattr(implementation, "interp_rne", False) if interp_rne is None
                                         else interp_rne),
                         supports=_supports(implementation, supports),
-                        implementation=getattr(implementation, "spec", ""))
+                        implementation=getattr(implementation, "spec", ""),
+                        bitwise_outputs=tuple(getattr(implementation, "bitwise_outputs", ())))
 
 
 def _supports(implementation, flag) -> Optional[tuple]:

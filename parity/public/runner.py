@@ -24,15 +24,16 @@ from .reference_checks import REFERENCE_CHECKS
 
 
 def run_with_recorders(case, device, *, check_oracle: bool = True, kernel_forward=None,
-                       tie_policy: str = "canonical") -> PublicRun:
+                       tie_policy: str = "canonical", bitwise_outputs=None) -> PublicRun:
     """Run ``case`` through :func:`parity.runner.run_case` with recording forwards (the reference
-    wrapped in :func:`parity.checked_reference.checked_reference`) and the run's tie policy."""
+    wrapped in :func:`parity.checked_reference.checked_reference`), the run's tie policy and the
+    outputs the implementation claims bitwise (``None``: kpool's claim)."""
     if kernel_forward is None:
         from kpool.indexer import forward as kernel_forward
     kernel = Recorder(kernel_forward)
     reference = Recorder(checked_reference())
     result = run_case(case, device=device, kernel_forward=kernel, reference_forward=reference,
-                      check_oracle=check_oracle, tie_policy=tie_policy)
+                      check_oracle=check_oracle, tie_policy=tie_policy, bitwise_outputs=bitwise_outputs)
     return PublicRun(case, result, kernel.calls, reference.calls)
 
 
@@ -59,7 +60,8 @@ def run_public(pc: PublicCase, device, *, kernel_forward=None, semantics=None, p
         for case in pc.build():
             case = semantics.case(case)
             run = run_with_recorders(case, device, check_oracle=pc.check_oracle, kernel_forward=kernel_forward,
-                                     tie_policy=semantics.tie_policy)
+                                     tie_policy=semantics.tie_policy,
+                                     bitwise_outputs=semantics.bitwise_outputs)
             runs[case.name] = run
             bad = run.result.failures
             if case.name in pc.must_fail:
