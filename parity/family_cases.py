@@ -19,11 +19,12 @@ suite, on devices only (:mod:`parity.size_cases`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import List
 
 import torch
 
+from cases.bits import same_bits
 from cases.engine import Action, EngineSim
 from cases.families import enabled
 from cases.genvalues import random_ape
@@ -74,8 +75,21 @@ def boundary_windows(ape: torch.Tensor, pools: int, g: torch.Generator, jitter: 
     return k, gate
 
 
+class _SameBits:
+    """Equality of a table-input dataclass by its fields' bits (tensors bitwise, the rest by
+    ``==``), so two draws of one fixed selection compare equal (``ab``, goldens)."""
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(same_bits(a, b) if isinstance(a, torch.Tensor) else a == b
+                   for a, b in ((getattr(self, f.name), getattr(other, f.name)) for f in fields(self)))
+
+    __hash__ = object.__hash__
+
+
 @dataclass(frozen=True, eq=False)
-class BoundaryInputs:
+class BoundaryInputs(_SameBits):
     """``Step.inputs``: ``k``/``gate`` of a live row from the tables at its position, q and
     weights random (seeded), padding rows zero.
 
@@ -120,7 +134,7 @@ def boundary_values_case(head_dim: int = 16, seed: int = 19) -> Case:
 
 
 @dataclass(frozen=True, eq=False)
-class TableInputs:
+class TableInputs(_SameBits):
     """``Step.inputs``: every live row's ``k`` from ``k[request id, position]``, its ``q`` and
     ``weights`` from its request's ``q[request id]``, ``weights[request id]``; gate zero, padding
     rows zero."""
