@@ -66,9 +66,9 @@ def torch_device(device):
 @pytest.fixture(scope="session")
 def warm_kernels(device):
     """Run every kernel once on the session device before the generated tests
-    (:func:`parity.generated.warm_kernels`); returns its :class:`parity.generated.WarmUp`,
+    (:func:`parity.running.generated.warm_kernels`); returns its :class:`parity.running.generated.WarmUp`,
     which must have passed."""
-    from parity.generated import warm_kernels as warm
+    from parity.running.generated import warm_kernels as warm
     done = warm(device)
     assert done.ok, [res.failures for _, res in done.failed]
     return done

@@ -5,7 +5,7 @@
 A step with ``Step.bad_argument = NAME`` (the seed scenario ``bad-arguments``) hands both sides
 :func:`corrupt` ``(NAME, kwargs)`` instead of its valid keyword arguments: the kernel must raise
 the rule's class with the rule's name before any launch, the reference side's harness check
-(:func:`parity.checked_reference.check_arguments`) must raise too, and nothing may be written.
+(:func:`parity.checking.checked_reference.check_arguments`) must raise too, and nothing may be written.
 Every corruption builds new tensors or views; it never writes the valid ones.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 bitwise comparison (parity-contract.md §1: every comparison is bitwise, NaN payloads and the
 sign of zero included).
 
-:mod:`parity.compare` builds its comparators and ``assert_bitwise_equal`` on these; the public
+:mod:`parity.checking.compare` builds its comparators and ``assert_bitwise_equal`` on these; the public
 cases' stated-value checks (:mod:`cases.public`) compare recorded tensors with them. Data only:
 nothing here imports a kernel or the reference.
 """

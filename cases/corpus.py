@@ -54,7 +54,7 @@ def save_case(case: Case, directory, *, name: Optional[str] = None, **info) -> P
         case: the case (inputs are materialised now).
         directory: target directory, always given: a run saves into its own output directory
             (``corpus-candidates``); only ``python -m parity corpus add`` and ``python -m
-            parity.generated.grow`` write :data:`CORPUS_DIR`.
+            parity.verbs.grow`` write :data:`CORPUS_DIR`.
         name: entry name (default ``case.name``).
         info: provenance fields (``found_by``, ``fault``, ``note``, ``expect``...).
     Returns:

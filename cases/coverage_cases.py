@@ -1,5 +1,5 @@
 """Guaranteed-coverage cases: fixed cases every generated run checks before it draws any
-(hypothesis explicit examples, :func:`parity.generated.run_generated`), so the input classes that
+(hypothesis explicit examples, :func:`parity.running.generated.run_generated`), so the input classes that
 a small budget can miss by chance are always exercised (kpool-algorithm.md §9 items 3 and 10):
 
 * :func:`residue_case`: for one pool size ``P``, chunks that start at every residue

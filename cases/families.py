@@ -14,9 +14,9 @@ Families here (1-2 on the values-layouts branch, 3-6 on this one):
   wider than the page pool (:mod:`cases.structure`);
 * ``unvalidated``: stale metadata through ``validate=False`` (:mod:`cases.unvalidated`);
 * ``exactness``: outputs an implementation claims bitwise get no certificate, and the inputs
-  that make a 1-ulp change visible (``parity.family_cases``);
+  that make a 1-ulp change visible (``parity.running.family_cases``);
 * ``size``: caches of >= 2**31 elements and > 65535 pools / rows (device profile,
-  ``parity.size_cases``).
+  ``parity.running.size_cases``).
 
 Switch: the environment variable :data:`FAMILIES_OFF_ENV` (comma-separated names), read at each
 call, so worker processes inherit it.

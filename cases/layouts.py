@@ -75,7 +75,7 @@ class InputLayout:
         return self == InputLayout()
 
     def classes(self) -> list:
-        """Coverage labels of this layout (:mod:`parity.coverage`)."""
+        """Coverage labels of this layout (:mod:`parity.findings.coverage`)."""
         out = []
         if self.weights.startswith("transposed"):
             out.append("weights [H,T] viewed [T,H]")

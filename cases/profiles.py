@@ -18,21 +18,21 @@ and every generated run first checks the guaranteed-coverage cases of :mod:`case
 
 The ``ci`` order is fixed by a hypothesis ``seed`` (:attr:`Profile.seed`), not by
 ``derandomize``: hypothesis derives a derandomized seed from the source code of the test
-function, so any edit of :func:`parity.generated.run_generated`'s example check used to reshuffle
+function, so any edit of :func:`parity.running.generated.run_generated`'s example check used to reshuffle
 the examples and the planted-fault budgets tuned on them.
 
 No wall-clock deadline anywhere: a test must not depend on the machine's speed or load.
 Hypothesis deadlines are off (``deadline=None``); the generated runner measures each example's
-wall time net of Triton compilation (:class:`parity.generated.warmup.JitClock`) and reports the examples slower than
+wall time net of Triton compilation (:class:`parity.running.generated.warmup.JitClock`) and reports the examples slower than
 :attr:`Profile.slow_example_s` as a warning, never as a failure. Speed lives in ``make bench``.
 
 Shrinking is bounded by a count, ``shrink_calls`` (shrink attempts that really run; later ones
-pass at once, :func:`parity.generated.run_generated`), so the shrunk case is the same on a fast and
+pass at once, :func:`parity.running.generated.run_generated`), so the shrunk case is the same on a fast and
 a slow machine, and by ``shrink_s`` as a safety net through hypothesis's documented
-monkeypatchable ``MAX_SHRINKING_SECONDS`` (:func:`parity.generated.driver.shrink_budget`).
+monkeypatchable ``MAX_SHRINKING_SECONDS`` (:func:`parity.running.generated.driver.shrink_budget`).
 
 Data only: the budgets. Running them (the driver, the kernel warm-up, the compile clock) is
-:mod:`parity.generated`.
+:mod:`parity.running.generated`.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class Profile:
         shrink_calls: shrink attempts that really run after the first failure (a count, so the
             shrunk case does not depend on the machine's speed).
         fault_examples / fault_shrink_calls / fault_shrink_s: budget of a planted-fault search
-            (tests that a generator finds a :data:`parity.mutants.PLANTED_FAULTS` entry and shrinks it).
+            (tests that a generator finds a :data:`parity.implementations.mutants.PLANTED_FAULTS` entry and shrinks it).
     """
 
     name: str
@@ -88,7 +88,7 @@ class Profile:
 CI_SEED = 1
 """The ``ci`` profile's hypothesis seed. Chosen (tests/test_strategies.py, tests/test_engine.py)
 so that its 24 batches and 16 engine sequences find the four planted faults of
-:data:`parity.mutants.PLANTED_FAULTS`; changing the strategies may need a new one."""
+:data:`parity.implementations.mutants.PLANTED_FAULTS`; changing the strategies may need a new one."""
 
 PROFILES = {
     "ci": Profile("ci", max_examples=20, batch_examples=24, engine_examples=16, slow_example_s=30.0,

@@ -10,7 +10,7 @@ Cost model (the kernels run under the Triton interpreter and the reference score
 row): long GLM contexts are mostly built by a ``compute_topk=False`` step (compression and ring
 writes only, no scoring), and the scored rows sit on top as short chunks and decodes. Two long
 prefills are scored: ``prefill-tail``'s multi-request prefill (2128 rows) and ``prefill-topk``'s
-first chunk (2043 rows). :func:`parity.coverage.case_stats` reports the row counts.
+first chunk (2043 rows). :func:`parity.findings.coverage.case_stats` reports the row counts.
 
 Layout rules every case follows (kpool-algorithm.md §9 items 7-8):
 
@@ -138,7 +138,7 @@ class _Plan:
         ape = None
         if values == "exact":
             ape = torch.zeros(self.config.index_kpool, self.config.index_head_dim, dtype=torch.float32)
-        # "suite:seed" (parity.session.SEED_TAG): the device-default decode relations apply
+        # "suite:seed" (parity.sessions.session.SEED_TAG): the device-default decode relations apply
         return Case(name=self.name, size=self.size, config=self.config, geometry=geometry, steps=steps,
                     ape=ape, seed=self.seed, values=values, description=description,
                     tags=("suite:seed", *tags))

@@ -1,6 +1,6 @@
 """The one serializer of a :class:`cases.spec.Case`: a JSON document plus a tensor dictionary,
 used by the corpus of shrunk failures (:mod:`cases.corpus`) and by the repro bundles
-(:mod:`parity.bundle`) (parity-contract.md §1: a case is a sequence of steps over persistent
+(:mod:`parity.sessions.bundle`) (parity-contract.md §1: a case is a sequence of steps over persistent
 caches, reproducible from what is stored).
 
 :func:`case_to_json` materialises every step (:func:`cases.steps.build_step`) and returns
@@ -76,7 +76,7 @@ class SavedMetadata:
 
     ``from_builder`` says the stored step had no patch of its own (its metadata is the
     builder's), so the metamorphic relations, which rebuild variants with the builder, still
-    apply to it on replay (:func:`parity.relation_base.is_plain`)."""
+    apply to it on replay (:func:`parity.checking.relation_base.is_plain`)."""
 
     def __init__(self, saved: dict, from_builder: bool = False):
         self.saved = saved

@@ -1,6 +1,6 @@
 """Long-context cases of the size family (issue 19 family 6; platform-numerics.md §1.3: a launch
 holds at most 65535 programs on Ascend's ``coreDim`` and on CUDA's grid axes 1 and 2). Run on
-devices by :mod:`parity.size_cases` (the CPU interpreter would take far too long); data only.
+devices by :mod:`parity.running.size_cases` (the CPU interpreter would take far too long); data only.
 
 * :func:`long_pools_case`: one request of ``LONG_POOLS * P`` tokens (past 262k at P = 4) built by
   a cache-only prefill, then decodes that score all of its ``> 65535`` pools;

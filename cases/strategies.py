@@ -20,7 +20,7 @@ one):
   prefill chunks, decode, MTP verify with partial acceptance and replay, FULL-mode replays with
   padding, cache-only steps, finish and reuse of pages and ring blocks, prefix resumes.
 
-Every strategy returns :class:`cases.spec.Case` objects that :func:`parity.runner.run_case` runs
+Every strategy returns :class:`cases.spec.Case` objects that :func:`parity.running.runner.run_case` runs
 as is. Choices are ordered so that shrinking goes to the simple end (P=4, one request, decode,
 no padding, random values).
 
@@ -40,7 +40,7 @@ C17   FULL replays: padding rows with -1 or stale positive ring slots, padded re
 C19   consecutive FULL replays whose block tables and ring blocks change (reuse after finish)
 C21   MTP verify with partial acceptance then replay (``C = P + spec``; ``undersized_ring``
       plants the configuration fault the oracle must catch)
-C23   permuted request order every step; determinism re-runs (``parity.generated``)
+C23   permuted request order every step; determinism re-runs (``parity.running.generated``)
 C25   ``near-ties`` family; random gate/APE pooling
 C27   every few examples the kernel runs twice and must repeat every bit
 C29   visible counts below, at and above K_pool; K_pool up to 8 in the nightly profile

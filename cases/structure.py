@@ -1,6 +1,6 @@
 """Fixed cases of the structure and unvalidated-path families (issue 19 families 3 and 4;
 kpool-algorithm.md §3.1-§3.4, §4.4, §4.6, §5.4, §6), checked by every generated run before its
-budget (:func:`parity.family_cases.family_cases`), so a small profile cannot miss them:
+budget (:func:`parity.running.family_cases.family_cases`), so a small profile cannot miss them:
 
 * :func:`chunked_decode_case`: decode and MTP-verify rows scored in score chunks that start past
   row 0 (``max_score_rows``), a verify request straddling a chunk boundary;

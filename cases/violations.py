@@ -5,7 +5,7 @@ kpool-algorithm.md §3.1-§3.4, §4.6, §5.4, §6; the rules of :data:`kpool.rul
 valid builder metadata so that this rule, and no rule checked before it, is broken. The seed
 scenario ``bad-metadata`` (:mod:`cases.scenarios`) runs one step per entry with
 ``expect_error`` = the rule's class and ``expect_rule`` = the rule name, so a kernel build whose
-check of that rule was removed (a planted fault of :mod:`parity.faults`) is reported
+check of that rule was removed (a planted fault of :mod:`parity.verbs.faults`) is reported
 ``not-rejected`` (it ran on the bad metadata) or ``crash`` (another rule or exception fired).
 
 Needs a batch with at least two scheduled requests, a live row that completes a pool and a live

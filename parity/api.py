@@ -48,7 +48,7 @@ class CaseRef:
         key: its unique name in a run (``decode-tail[small]``, ``C09:own-pool[small]``,
             ``generated:batch#3``); :attr:`test_id` is ``suite/name/size``.
         case: the :class:`cases.spec.Case` (steps, config, seed).
-        selected: the harness's :class:`parity.selection.Selected` (reference side, oracle check,
+        selected: the harness's :class:`parity.selection.kernel_cases.Selected` (reference side, oracle check,
             negative-control flag).
     """
 
@@ -73,10 +73,10 @@ class Outcome:
 
     Attributes:
         case: the :class:`CaseRef`; implementation: the spec it ran.
-        checks: pandas DataFrame, one row per check (:data:`parity.findings.FINDING_COLUMNS`:
+        checks: pandas DataFrame, one row per check (:data:`parity.findings.vocabulary.FINDING_COLUMNS`:
             case, size, step, output, verdict, mismatches, location columns, detail).
         device: the backend it ran on (``cpu`` = Triton interpreter, ``cuda``, ``npu``).
-        result: the harness's :class:`parity.results.CaseResult`.
+        result: the harness's :class:`parity.findings.results.CaseResult`.
     """
 
     case: CaseRef
@@ -141,7 +141,7 @@ def list_cases(suite: str = "seed", size: str = "small", names: Optional[Sequenc
     """
     from rich.console import Console
 
-    from .selection import selected_cases
+    from .selection.kernel_cases import selected_cases
     if suite not in SUITES + ("all",):
         raise ValueError(f"suite must be one of {SUITES + ('all',)}, got {suite!r}")
     if size not in SIZES + ("all",):
@@ -181,7 +181,7 @@ def run_case(case: CaseRef, implementation: Union[str, object] = "kpool", *, dev
     Raises:
         as :func:`resolve_implementation`; KPoolUnsupportedError: the device does not exist here.
     """
-    from .step_outputs import run_captured
+    from .running.step_outputs import run_captured
     impl = resolve_implementation(implementation)
     dev = _device(device)
     result, _ = run_captured(case.selected, impl, dev)
@@ -189,7 +189,7 @@ def run_case(case: CaseRef, implementation: Union[str, object] = "kpool", *, dev
 
 
 def _message(outcome: Outcome, replay: Optional[str]) -> str:
-    from .report import values_text
+    from .reporting.report import values_text
     bad = outcome.failures
     lines = [f"{outcome.implementation} disagrees with the reference on {outcome.case.key} ({outcome.device}): "
              f"{len(bad)} failing checks in steps {sorted({int(s) for s in bad['step'].dropna()})}"]
@@ -228,8 +228,8 @@ def assert_parity(case: CaseRef, implementation: Union[str, object] = "kpool", *
     outcome = run_case(case, implementation, device=device)
     if outcome.ok:
         return outcome
-    from . import bundle
-    from .session import RunOptions
+    from .sessions import bundle
+    from .sessions.session import RunOptions
     path = replay = None
     if case.suite != "public":                 # public cases are rerun by name, not bundled
         root = bundle_dir or tempfile.mkdtemp(prefix="kpool-parity-")

@@ -2,27 +2,27 @@
 
 * ``run``: resolve the device first (``kpool.platform.resolve_device``: for ``cpu`` it sets
   ``TRITON_INTERPRET=1``, which must happen before any ``kpool.ops`` kernel is imported), then run
-  the selected suites (:mod:`parity.suites`; default ``all`` = corpus, seed, public, generated at
+  the selected suites (:mod:`parity.selection.suites`; default ``all`` = corpus, seed, public, generated at
   both sizes, exactly what ``make parity`` runs), print a summary and the non-``exact`` rows,
   write reports (``--report DIR``, JUnit ``--junit FILE``) and a repro bundle of every failing
-  case (:mod:`parity.commands`);
+  case (:mod:`parity.sessions.commands`);
 * ``record``: the same, with a bundle of every corpus and seed case;
-* ``replay BUNDLE``: rerun a bundle in a fresh process on any device (:mod:`parity.replay`);
+* ``replay BUNDLE``: rerun a bundle in a fresh process on any device (:mod:`parity.verbs.replay`);
 * ``corpus add PATH``: promote a run's shrunk failure (``REPORT/corpus-candidates/NAME.json``)
   into ``cases/corpus`` (a run never writes there itself);
 * ``merge REPORT_DIR...``: combine the reports of a sharded run (``run --shard i/n`` on each
-  host) into the report the unsharded run would have written (:mod:`parity.merge`);
-* ``ab --baseline IMPL --candidate IMPL``: two implementations bit for bit (:mod:`parity.ab`);
-* ``golden record|check DIR``: device goldens of every step's outputs (:mod:`parity.golden`);
-* ``bisect GOOD BAD --case NAME``: the first revision whose kernels change a case (:mod:`parity.bisect`);
-* ``selftest``: plant every fault of the catalog and report which suite catches it (:mod:`parity.selftest`);
+  host) into the report the unsharded run would have written (:mod:`parity.verbs.merge`);
+* ``ab --baseline IMPL --candidate IMPL``: two implementations bit for bit (:mod:`parity.verbs.ab`);
+* ``golden record|check DIR``: device goldens of every step's outputs (:mod:`parity.verbs.golden`);
+* ``bisect GOOD BAD --case NAME``: the first revision whose kernels change a case (:mod:`parity.verbs.bisect`);
+* ``selftest``: plant every fault of the catalog and report which suite catches it (:mod:`parity.verbs.selftest`);
 * ``list cases|mutants|relations|implementations``: what ``--case``, ``--kernel mutant:NAME``,
   ``--metamorphic`` and ``--kernel SPEC`` can select.
 
 Building the parser imports no torch, so ``--help`` answers at once.
 
 Exit status: 0 all checks pass, 1 at least one failure finding, 2 usage error (bad option,
-unknown case, unavailable device); ``replay``: see :mod:`parity.replay`.
+unknown case, unavailable device); ``replay``: see :mod:`parity.verbs.replay`.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from .shard import parse_shard
-from .suites import SIZES, SUITES
+from .selection.shard import parse_shard
+from .selection.suites import SIZES, SUITES
 
 DEFAULT_SUITE = "all"
 DEFAULT_SIZE = "all"
@@ -42,11 +42,11 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of every command (module docstring); imports no torch."""
-    from .ab import add_ab_parser
-    from .bisect import add_bisect_parser
-    from .golden import add_golden_parser
-    from .replay import add_replay_parser
-    from .selftest import add_selftest_parser
+    from .verbs.ab import add_ab_parser
+    from .verbs.bisect import add_bisect_parser
+    from .verbs.golden import add_golden_parser
+    from .verbs.replay import add_replay_parser
+    from .verbs.selftest import add_selftest_parser
     parser = argparse.ArgumentParser(prog="python -m parity",
                                      description="Bit-exact parity of the KPool Triton kernels vs the PyTorch reference.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -92,12 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_arguments(run) -> None:
     """Options shared by ``run`` and ``record``."""
-    from . import commands
+    from .sessions import commands
     run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
                      help="kernel device; cpu = Triton interpreter (default: auto, npu > cuda > cpu)")
     run.add_argument("--suite", default=None, choices=SUITES,
                      help="case suite: all (default: corpus, seed, public, generated, in that order), or one of "
-                          "them (parity.suites); with --case, the suite that has those cases")
+                          "them (parity.selection.suites); with --case, the suite that has those cases")
     run.add_argument("--profile", default=None, choices=("ci", "dev", "device", "nightly"),
                      help="hypothesis profile of the generated suite (default: $HYPOTHESIS_PROFILE, else ci on "
                           "cpu, device otherwise; cases.profiles)")
@@ -121,7 +121,7 @@ def _add_run_arguments(run) -> None:
                      help="print every checked row (default: a summary and the non-exact rows; files keep all rows)")
     run.add_argument("--failures-only", action="store_true", help="print only failing rows (files keep all rows)")
     run.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
-                     help="worker processes, one device each (round robin; parity.parallel); default 1")
+                     help="worker processes, one device each (round robin; parity.running.parallel); default 1")
     run.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
                      help="run only shard I of N of the run's cases (0 <= I < N; every N-th case, deterministic; "
                           "combine the shards' --report directories with python -m parity merge)")
@@ -136,7 +136,7 @@ def _positive_int(text: str) -> int:
 
 
 def _run(args) -> int:
-    from .report import make_console
+    from .reporting.report import make_console
     console = make_console()
     # 1. Device first: nothing may import kpool.ops before this.
     from kpool.errors import KPoolUnsupportedError
@@ -146,8 +146,8 @@ def _run(args) -> int:
     except KPoolUnsupportedError as exc:
         print(f"python -m parity {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    # 2. The suites (parity.suites picks each suite's cases; parity.commands runs them).
-    from .suites import run_suite, suite_of_cases
+    # 2. The suites (parity.selection.suites picks each suite's cases; parity.sessions.commands runs them).
+    from .selection.suites import run_suite, suite_of_cases
     if args.suite is None:
         args.suite = suite_of_cases(args.case, args.size) if args.case else DEFAULT_SUITE
     return run_suite(args, device, console, prog=f"python -m parity {args.command}")
@@ -183,15 +183,15 @@ def _list(args) -> int:
             print(f"--kernel {usage}")
         return EXIT_OK
     if args.topic == "mutants":
-        from .mutants import MUTANTS, PLANTED_FAULTS
+        from .implementations.mutants import MUTANTS, PLANTED_FAULTS
         generated = {m: f for f, m in PLANTED_FAULTS.items()}
         for name, (rel, _, _, verdict) in MUTANTS.items():
             extra = f"; found by the generators: {generated[name]}" if name in generated else ""
             print(f"mutant:{name:<32} kpool/{rel:<16} expected verdict {verdict}{extra}")
         return EXIT_OK
     if args.topic == "relations":
-        from .metamorphic import RELATIONS
-        from .session import DEVICE_DECODE_RELATIONS
+        from .checking.metamorphic import RELATIONS
+        from .sessions.session import DEVICE_DECODE_RELATIONS
         on_device = set(DEVICE_DECODE_RELATIONS["cuda"])
         for name, fn in RELATIONS.items():
             doc = (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
@@ -223,22 +223,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command in ("run", "record"):
         return _run(args)
     if args.command == "replay":
-        from .replay import replay_main
+        from .verbs.replay import replay_main
         return replay_main(args)
     if args.command == "ab":
-        from .ab import ab_main
+        from .verbs.ab import ab_main
         return ab_main(args)
     if args.command == "golden":
-        from .golden import golden_main
+        from .verbs.golden import golden_main
         return golden_main(args)
     if args.command == "bisect":
-        from .bisect import bisect_main
+        from .verbs.bisect import bisect_main
         return bisect_main(args)
     if args.command == "selftest":
-        from .selftest import selftest_main
+        from .verbs.selftest import selftest_main
         return selftest_main(args)
     if args.command == "merge":
-        from .merge import merge_main
+        from .verbs.merge import merge_main
         return merge_main(args)
     if args.command == "corpus":
         return _corpus(args)

@@ -39,7 +39,7 @@ MODE="${1:-main}"
 TORCH_VERSION="2.13.0"
 TRITON_VERSION="3.6.0"
 TRITON_ASCEND_VERSION="3.2.0"
-HF_VERSION="5.24.0"     # the [hf] extra of pyproject.toml (parity/hf_oracle.py HF_VERSION)
+HF_VERSION="5.24.0"     # the [hf] extra of pyproject.toml (parity/oracles/hf_oracle.py HF_VERSION)
 PURE_DEPS=(numpy pandas hypothesis pytest pytest-xdist rich)
 WHEELS_DIR="${KPOOL_WHEELS_DIR:-/opt/wheels}"
 

@@ -5,7 +5,7 @@
 #   e.g. on a two-GPU host:  scripts/compare-jobs.sh cuda all 2
 #
 # Runs `python -m parity run --jobs 1` and `--jobs N` (same cases, same seed) with --report,
-# prints each one's wall time, the device each worker was pinned to (python -m parity.parallel),
+# prints each one's wall time, the device each worker was pinned to (python -m parity.running.parallel),
 # checks that the two merged results tables are identical row for row once the worker columns
 # are dropped, and writes OUT/compare.md (a markdown snippet). Exit 1 if they differ or a run
 # fails. Interpreter: $PYTHON, else scripts/bootstrap.sh main.
@@ -15,7 +15,7 @@ DEVICE="${1:-auto}"; SIZE="${2:-small}"; JOBS="${3:-2}"; OUT="${4:-reports/jobs-
 PY="${PYTHON:-$(bash scripts/bootstrap.sh main)}"
 mkdir -p "$OUT"
 
-probe="$("$PY" -m parity.parallel --device "$DEVICE" --jobs "$JOBS")"
+probe="$("$PY" -m parity.running.parallel --device "$DEVICE" --jobs "$JOBS")"
 echo "$probe"
 
 declare -A WALL RC

@@ -26,8 +26,8 @@ def sweep():
     from kpool.indexer import forward
     from kpool.ops import plan
     from kpool.platform import resolve_device, torch_device
-    from parity import bench
-    from parity.bench_shapes import standard_cases
+    from parity.bench import kernels as bench
+    from parity.bench.shapes import standard_cases
     device = torch_device(resolve_device(dk.DEVICE))
     measure = bench.timer(device, 1)
     ceilings = bench.measure_ceilings(device, measure, small=dk.SMALL)

@@ -107,8 +107,8 @@ def benchmark():
     device = torch_device(backend)
     from kpool.indexer import forward
     from kpool.ops import plan
-    from parity import bench
-    from parity.bench_shapes import standard_cases
+    from parity.bench import kernels as bench
+    from parity.bench.shapes import standard_cases
     measure = bench.timer(device, 1)
     ceilings = bench.measure_ceilings(device, measure, small=SMALL)
     RESULTS["ceilings"] = ceilings

@@ -20,8 +20,8 @@ def profile():
     from kpool.indexer import forward
     from kpool.ops import plan
     from kpool.platform import resolve_device, torch_device
-    from parity import bench
-    from parity.bench_shapes import standard_cases
+    from parity.bench import kernels as bench
+    from parity.bench.shapes import standard_cases
     device = torch_device(resolve_device(dk.DEVICE))
     measure = bench.timer(device, 1)
     ceilings = bench.measure_ceilings(device, measure, small=dk.SMALL)
@@ -90,8 +90,8 @@ def table():
     import torch
 
     from kpool.platform import resolve_device, torch_device
-    from parity import bench
-    from parity.bench_shapes import standard_cases
+    from parity.bench import kernels as bench
+    from parity.bench.shapes import standard_cases
     device = torch_device(resolve_device(dk.DEVICE))
     measure = bench.timer(device, 1)
     ceilings = dk.RESULTS.get("ceilings") or bench.measure_ceilings(device, measure, small=dk.SMALL)

@@ -47,7 +47,7 @@ def topk_section():
     from kpool.platform import resolve_device, torch_device
     device = torch_device(resolve_device(dk.DEVICE))     # before any kernel module is imported
     from kpool.ops import topk
-    from parity import bench
+    from parity.bench import kernels as bench
     measure = bench.timer(device, 1)
     rows_out = []
     shapes = [(1, 16384, 512), (64, 16384, 512), (256, 16384, 512), (2048, 16384, 512), (64, 2048, 64),
@@ -78,8 +78,8 @@ def profile_section():
 
     from kpool.indexer import forward
     from kpool.platform import resolve_device, torch_device
-    from parity import bench
-    from parity.bench_shapes import standard_cases
+    from parity.bench import kernels as bench
+    from parity.bench.shapes import standard_cases
     device = torch_device(resolve_device(dk.DEVICE))
     measure = bench.timer(device, 1)
     makers = dict(zip(SHAPES, standard_cases(device, small=dk.SMALL)))

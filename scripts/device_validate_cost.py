@@ -11,7 +11,7 @@ from kpool.platform import resolve_device
 resolve_device("cuda")
 from kpool.indexer import forward  # noqa: E402
 from kpool.validation import validate_forward  # noqa: E402
-from parity.bench_shapes import build_case  # noqa: E402
+from parity.bench.shapes import build_case  # noqa: E402
 
 case = build_case("decode", "decode 64 x 64k", [(1, 65536)] * 64, torch.device("cuda"))
 kw = case.kwargs

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 12's done-when on a device (python -m parity ab / golden / bisect), one script, one log.
 #   DEVICE=cuda PYTHON=python3 CLONE=DIR bash scripts/kernel-vs-kernel-device.sh OUT
-# CLONE: a throwaway clone with a planted kernel commit (python -m parity.planted_history DIR: the
+# CLONE: a throwaway clone with a planted kernel commit (python -m parity.verbs.planted_history DIR: the
 # planted commit is HEAD~4, the base HEAD~9); built here when unset (needs git and this
 # checkout's .git). BISECT=1 also bisects the clone. Each step prints its exit status next to
 # the expected one; the script exits 1 when any differs. Writes only under OUT (and CLONE).
@@ -15,7 +15,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 CLONE=${CLONE:-}
 if [ -z "$CLONE" ]; then
   CLONE="$OUT/clone"
-  "$PY" -m parity.planted_history "$CLONE" | tee "$OUT/clone.txt" || { echo "cannot build the clone"; exit 2; }
+  "$PY" -m parity.verbs.planted_history "$CLONE" | tee "$OUT/clone.txt" || { echo "cannot build the clone"; exit 2; }
 fi
 export KPOOL_GIT_REPO="$CLONE"
 bad=0

@@ -17,8 +17,8 @@ from cases.spec import CacheGeometry, Case, Step
 from cases.values import exact_logit_inputs
 from kpool.config import SMALL
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata
-from parity import certificates as certs
-from parity import compare as cmp
+from parity.checking import certificates as certs
+from parity.checking import compare as cmp
 from reference import numerics as rn
 from reference import stateful
 from reference.numerics import canonical_topk, expand_row, pool_scores, sanitize_scores
@@ -28,9 +28,9 @@ F32 = torch.float32
 
 
 def run(case, kernel, **kw):
-    """:func:`parity.runner.run_case` on the session device; ``kernel`` is a stand-in operator
+    """:func:`parity.running.runner.run_case` on the session device; ``kernel`` is a stand-in operator
     that claims no output bitwise (the certificates apply), unless ``bitwise_outputs`` says."""
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     kw.setdefault("bitwise_outputs", ())
     return run_case(case, device=os.environ.get("KPOOL_DEVICE", "cpu"), kernel_forward=kernel, **kw)
 
@@ -78,7 +78,7 @@ def swap_pool(rows, t, old, new):
 
 
 def compare_rows(kern, ref, meta, ctx, tie_policy="canonical"):
-    """:func:`parity.compare.compare_indices` of the small-config rows."""
+    """:func:`parity.checking.compare.compare_indices` of the small-config rows."""
     return cmp.compare_indices(kern, ref, positions=meta.positions, cum_query_lens=meta.cum_query_lens,
                                index_topk=K, index_kpool=P, pack_tail=True, compute_topk=True, context=ctx,
                                tie_policy=tie_policy)

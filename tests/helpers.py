@@ -61,8 +61,8 @@ def index_rows():
 
 
 def compare_rows(kernel, ref, meta, pack_tail=True, **kw):
-    """:func:`parity.compare.compare_indices` of SMALL rows (:func:`index_rows`)."""
-    from parity import compare as cmp
+    """:func:`parity.checking.compare.compare_indices` of SMALL rows (:func:`index_rows`)."""
+    from parity.checking import compare as cmp
     return cmp.compare_indices(kernel, ref, positions=meta.positions, cum_query_lens=meta.cum_query_lens,
                                index_topk=SMALL.index_topk, index_kpool=SMALL.index_kpool, pack_tail=pack_tail,
                                compute_topk=True, **kw)
@@ -77,13 +77,13 @@ def is_small_case(case, *, steps=3, rows=24, requests=3) -> bool:
 
 def assert_planted_fault_found_and_shrunk(kind: str, name: str, device, corpus_dir) -> None:
     """The current profile's budget of generated ``kind`` cases ("batch" or "engine") finds the
-    planted fault ``name`` (:mod:`parity.mutants`) with its expected verdict and shrinks it to a
+    planted fault ``name`` (:mod:`parity.implementations.mutants`) with its expected verdict and shrinks it to a
     small case; the saved corpus entry fails on the mutant and passes on the real kernels."""
     from cases.corpus import describe, load_case
     from cases.profiles import current_profile
-    from parity.generated import ParityFailure, run_generated
-    from parity.mutants import expected_verdict, load_mutant
-    from parity.runner import run_case
+    from parity.running.generated import ParityFailure, run_generated
+    from parity.implementations.mutants import expected_verdict, load_mutant
+    from parity.running.runner import run_case
 
     mutant = load_mutant(name)
     prof = current_profile()
@@ -109,8 +109,8 @@ def assert_planted_fault_found_and_shrunk(kind: str, name: str, device, corpus_d
 def assert_generated_run_covers(kind: str, device, capsys, *, min_passed: int, classes) -> None:
     """The current profile's budget of generated ``kind`` cases ("batch" or "engine") passes,
     prints its coverage, runs at least ``min_passed`` examples and exercises every one of
-    ``classes`` (:mod:`parity.coverage` class names)."""
-    from parity.generated import run_generated
+    ``classes`` (:mod:`parity.findings.coverage` class names)."""
+    from parity.running.generated import run_generated
     out = run_generated(kind, device=device)
     with capsys.disabled():
         print("\n" + "\n".join(out.coverage.lines()))

@@ -13,7 +13,7 @@ import torch
 from kpool.cache import allocate_caches
 from kpool.config import KPoolConfig
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata
-from parity.compare import same_bits
+from parity.checking.compare import same_bits
 from reference import stateful
 from reference.oracle import HistoryOracle
 

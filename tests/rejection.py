@@ -11,7 +11,7 @@ from kpool.cache import allocate_caches
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolError
 from kpool.metadata import BatchSpec, build_metadata
-from parity.compare import same_bits
+from parity.checking.compare import same_bits
 from tests.helpers import random_forward_kwargs
 
 

@@ -13,7 +13,7 @@ from kpool.indexer import forward
 from kpool.validation import validate_forward
 from tests.helpers import small_batch
 from tests.rejection import assert_rejected
-from parity.compare import assert_bitwise_equal
+from parity.checking.compare import assert_bitwise_equal
 
 pytestmark = pytest.mark.interpreter_ok
 

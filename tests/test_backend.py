@@ -13,7 +13,7 @@ from kpool.hardware import ascend_family
 from kpool.metadata import KPoolMetadata
 from tests.helpers import small_batch
 from tests.rejection import assert_rejected
-from parity.compare import assert_bitwise_equal
+from parity.checking.compare import assert_bitwise_equal
 
 
 @pytest.mark.parametrize("soc, family", [(220, "A2"), (223, "A2"), (225, "A2"), (250, "A3"), (255, "A3"), (260, "A5")])

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from parity import bench
-from parity import bench_shapes as shapes
+from parity.bench import kernels as bench
+from parity.bench import shapes
 
 
 @pytest.fixture

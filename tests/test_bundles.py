@@ -1,4 +1,4 @@
-"""Repro bundles (parity/bundle.py) and the run / record / replay commands: a bundle holds the case,
+"""Repro bundles (parity/sessions/bundle.py) and the run / record / replay commands: a bundle holds the case,
 its exact inputs and metadata, both sides' outputs, the findings and the environment, and
 ``python -m parity replay BUNDLE`` reproduces the same findings in a fresh process.
 
@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 import torch
 
-from parity import bundle
-from parity.session import RunOptions, run_cases
-from parity.compare import assert_bitwise_equal, same_bits
+from parity.sessions import bundle
+from parity.sessions.session import RunOptions, run_cases
+from parity.checking.compare import assert_bitwise_equal, same_bits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULT = "tests.test_reports:planted_fault"
@@ -163,7 +163,7 @@ def test_damaged_or_untrusted_bundles_are_usage_errors(tmp_path, capsys, device)
     """A damaged file or a kernel spec outside this checkout: exit 2 with the reason, no traceback,
     nothing run."""
     import shutil
-    from parity.bundle_checks import MAX_REPEAT
+    from parity.sessions.bundle_checks import MAX_REPEAT
     from parity.cli import main
     from kpool.platform import resolve_device
     resolve_device(device)

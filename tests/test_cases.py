@@ -18,8 +18,8 @@ from cases.steps import step_metadata
 from cases.values import (VALUE_FAMILIES, EXACT_INT_RANGE, PAD_K, case_ape, exact_logit_inputs, exact_logit_tensors,
                           exact_score_bound, make_ape, make_inputs, row_requests)
 from kpool.config import GLM53_FLASH, SMALL
-from parity.compare import assert_bitwise_equal, same_bits
-from parity.coverage import case_stats
+from parity.checking.compare import assert_bitwise_equal, same_bits
+from parity.findings.coverage import case_stats
 from reference.numerics import compress_pools, pool_scores, relu_fp32, visible_pools
 
 
@@ -405,12 +405,12 @@ def test_small_steps_pass_forward_validation(name):
 
 
 def test_case_caches_keep_every_padding():
-    """parity.sentinel.case_caches lays the caches out as the case's geometry declares: padded
+    """parity.checking.sentinel.case_caches lays the caches out as the case's geometry declares: padded
     page and ring-block strides and guard bands, so the sentinel checks cover padding the kernels
     must not touch."""
     from cases.spec import CacheGeometry
     from kpool.config import SMALL
-    from parity.sentinel import case_caches
+    from parity.checking.sentinel import case_caches
     geo = CacheGeometry(num_pages=3, page_size=2, num_tail_blocks=2, page_padding=5, ring_block_padding=7, guard=11)
     caches = case_caches(Case("geo", "small", SMALL, geo, steps=()))
     D, C = SMALL.index_head_dim, SMALL.ring_capacity

@@ -22,11 +22,11 @@ from cases.spec import Case, Step
 from cases.values import make_inputs
 from kpool.config import SMALL
 from kpool.metadata import BatchSpec, RequestSpec
-from parity import certificates as certs
+from parity.checking import certificates as certs
 from reference.numerics import expand_row
 from tests.certificate_cases import (K, P, W, compare_rows, geometry, run, swap_pool, swapping_kernel, tie_case,
                                      tie_setup)
-from parity.compare import bits
+from parity.checking.compare import bits
 
 MID = 1.0 + 2.0 ** -8            # midpoint of bf16 1.0 (0x3F80) and 1.0078125 (0x3F81)
 

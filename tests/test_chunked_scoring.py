@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from cases.scenarios import CHUNK_ROWS, prefill_topk
-from parity.runner import run_case
+from parity.running.runner import run_case
 
 
 def _chunked_step(case):
@@ -32,7 +32,7 @@ def test_seed_case_really_chunks(size):
 
 
 def test_chunk_offset_fault_is_caught_by_the_seed_case_only_when_it_chunks(device):
-    from parity.mutants import expected_verdict, load_mutant
+    from parity.implementations.mutants import expected_verdict, load_mutant
     mutant = load_mutant("chunk-offset").forward
     case = prefill_topk("small")
     i, step = _chunked_step(case)
@@ -48,9 +48,9 @@ def test_chunk_offset_fault_is_caught_by_the_seed_case_only_when_it_chunks(devic
 
 def test_max_score_rows_survives_corpus_and_bundle(tmp_path, device):
     from cases.corpus import load_case, save_case
-    from parity import bundle
-    from parity.replay import replay
-    from parity.session import RunOptions, run_cases
+    from parity.sessions import bundle
+    from parity.verbs.replay import replay
+    from parity.sessions.session import RunOptions, run_cases
     case = prefill_topk("small")
     i, step = _chunked_step(case)
     back, _ = load_case(save_case(case, tmp_path / "corpus"))

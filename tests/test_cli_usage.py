@@ -18,7 +18,7 @@ def test_usage_errors_exit_2_and_name_the_alternatives(argv, needle, capsys, dev
 
 def test_replay_command_uses_this_interpreter():
     import sys
-    from parity.bundle import replay_command
+    from parity.sessions.bundle import replay_command
     assert replay_command("bundles/x").startswith(sys.executable)
 
 
@@ -93,7 +93,7 @@ def test_device_workflow_runs_all_four_suites(name, device):
     """The device job's command, rendered by make with the workflow's env, selects corpus, seed,
     public and generated at both sizes with the device profile (PARITY_ARGS used to replace it and
     the job ran the seed suite only)."""
-    from parity.suites import PARTS, suite_parts
+    from parity.selection.suites import PARTS, suite_parts
     text, env, variables = _workflow(name)
     assert "PARITY_ARGS" not in text
     args = _make_parity_args(*variables, env=env)
@@ -103,7 +103,7 @@ def test_device_workflow_runs_all_four_suites(name, device):
 
 
 def test_cli_defaults_equal_make_defaults():
-    from parity.suites import suite_parts
+    from parity.selection.suites import suite_parts
     from parity.cli import DEFAULT_SIZE, DEFAULT_SUITE, build_parser
     made = _make_parity_args()
     cli = build_parser().parse_args(["run"])
@@ -135,7 +135,7 @@ def test_help_answers_without_importing_torch():
 
 
 def test_list_prints_what_can_be_selected(capsys):
-    from parity.session import RELATION_NAMES
+    from parity.sessions.session import RELATION_NAMES
     assert main(["list", "mutants"]) == 0
     out = capsys.readouterr().out
     assert "mutant:chunk-offset" in out and "mutant:visible-off-by-one" in out and "wrong-index" in out
@@ -149,8 +149,8 @@ def test_list_prints_what_can_be_selected(capsys):
 
 
 def test_relation_names_match_the_relations():
-    from parity.metamorphic import RELATIONS
-    from parity.session import RELATION_NAMES
+    from parity.checking.metamorphic import RELATIONS
+    from parity.sessions.session import RELATION_NAMES
     assert tuple(RELATIONS) == RELATION_NAMES
 
 
@@ -184,9 +184,9 @@ def test_decode_relations_default_on_devices_and_off_on_the_interpreter(device):
     import argparse
 
     from cases.scenarios import decode_tail
-    from parity import commands
+    from parity.sessions import commands
     from parity.cli import build_parser
-    from parity.session import case_relations, decode_steps
+    from parity.sessions.session import case_relations, decode_steps
     args = build_parser().parse_args(["run"])
     case = decode_tail("small")
     assert decode_steps(case) == [2, 3, 4, 5]

@@ -1,4 +1,4 @@
-"""The harness's checks (parity/sentinel.py, parity/compare.py): sentinels and write sets, the
+"""The harness's checks (parity/checking/sentinel.py, parity/checking/compare.py): sentinels and write sets, the
 bitwise comparators and their triage classes, and ``assert_bitwise_equal``, the tests' one
 bitwise assertion. No kernel runs here.
 """
@@ -12,9 +12,9 @@ from kpool.cache import allocate_caches
 from kpool.config import SMALL
 from kpool.errors import KPoolBlockIdError, KPoolMetadataError
 from kpool.metadata import build_metadata
-from parity import compare as cmp
-from parity.compare import bits
-from parity import sentinel as sen
+from parity.checking import compare as cmp
+from parity.checking.compare import bits
+from parity.checking import sentinel as sen
 from tests.helpers import compare_rows, index_rows, padded_batch
 
 P, K, W, D = SMALL.index_kpool, SMALL.index_topk, SMALL.output_width, SMALL.index_head_dim  # 4, 8, 11, 16

@@ -1,4 +1,4 @@
-"""Compile counting of a run (``parity.compiles``, issue 20 point 5): the Triton hooks count each
+"""Compile counting of a run (``parity.running.compiles``, issue 20 point 5): the Triton hooks count each
 variant a kernel builds, per kernel, chain hooks already set and change nothing else. The hooks
 are called the way Triton's JIT calls them (the interpreter compiles nothing)."""
 import pytest
@@ -6,7 +6,7 @@ import pytest
 triton = pytest.importorskip("triton")
 knobs = pytest.importorskip("triton.knobs")
 
-from parity import compiles  # noqa: E402
+from parity.running import compiles  # noqa: E402
 
 
 class _Fn:

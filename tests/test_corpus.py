@@ -23,7 +23,7 @@ from cases.spec import OutputBufferSpec
 from cases.values import make_inputs
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolBlockIdError
-from parity.compare import assert_bitwise_equal, same_bits
+from parity.checking.compare import assert_bitwise_equal, same_bits
 
 
 def _case():
@@ -71,7 +71,7 @@ def test_round_trip_keeps_steps_metadata_and_input_bits(tmp_path):
 
 
 def test_round_trip_replays_identically(tmp_path, device):
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     case = _case()
     back, _ = corpus.load_case(corpus.save_case(case, tmp_path))
     a, b = run_case(case, device=device), run_case(back, device=device)
@@ -97,8 +97,8 @@ def test_corpus_entry_replays(path, device):
     """Every kept case passes on the production kernels, and a planted-fault entry still catches
     its mutant (``make test`` runs this file before the rest of tests/, ``make parity`` runs the
     corpus suite first)."""
-    from parity.mutants import load_mutant
-    from parity.runner import run_case
+    from parity.implementations.mutants import load_mutant
+    from parity.running.runner import run_case
     case, info = corpus.load_case(path)
     res = run_case(case, device=device)
     assert res.ok, res.failures[["step", "output", "verdict", "detail"]].to_string()
@@ -108,4 +108,4 @@ def test_corpus_entry_replays(path, device):
 
 
 def test_corpus_directory_is_not_empty():
-    assert ENTRIES, "cases/corpus holds the shrunk planted-fault cases; regenerate with python -m parity.generated.grow"
+    assert ENTRIES, "cases/corpus holds the shrunk planted-fault cases; regenerate with python -m parity.verbs.grow"

@@ -49,7 +49,7 @@ def empty_case():
 def test_odd_strides_reach_the_forward():
     """The planted layout survives the harness's copy to the device (else this file tests nothing)."""
     from cases.steps import build_step, forward_kwargs
-    from parity.sentinel import sentinel_caches
+    from parity.checking.sentinel import sentinel_caches
     w = zero_strides(torch.zeros(0, 1))
     case = empty_case()
     built = build_step(case, case.steps[1])                       # T == 0: zero-row inputs
@@ -62,8 +62,8 @@ def test_odd_strides_reach_the_forward():
 
 
 def test_empty_steps_pass_the_runner_and_every_check(device):
-    from parity.coverage import classify_case
-    from parity.runner import run_case
+    from parity.findings.coverage import classify_case
+    from parity.running.runner import run_case
     case = empty_case()
     res = run_case(case, device=device, certificates=True, repeat=2)   # repeat: the determinism check
     assert res.ok, res.failures
@@ -78,7 +78,7 @@ def test_empty_steps_pass_the_runner_and_every_check(device):
 def test_input_write_check_sees_writes_into_odd_stride_inputs(device):
     """The input-write check still catches a forward that writes its inputs on these layouts."""
     from kpool.indexer import forward
-    from parity.runner import run_case
+    from parity.running.runner import run_case
 
     def scribbler(**kw):
         out = forward(**kw)
@@ -91,17 +91,17 @@ def test_input_write_check_sees_writes_into_odd_stride_inputs(device):
 
 
 def test_every_metamorphic_relation_handles_empty_steps(device):
-    from parity.metamorphic import RELATIONS, run_relations
+    from parity.checking.metamorphic import RELATIONS, run_relations
     df = run_relations(empty_case(), list(RELATIONS), device=device)
     assert len(df) and set(df["verdict"]) == {"exact"}, df[df["verdict"] != "exact"]
 
 
 def test_bundle_and_corpus_round_trip_of_empty_steps(tmp_path, device):
     from cases.corpus import load_case, save_case
-    from parity import bundle
-    from parity.replay import replay
-    from parity.runner import run_case
-    from parity.session import RunOptions, run_cases
+    from parity.sessions import bundle
+    from parity.verbs.replay import replay
+    from parity.running.runner import run_case
+    from parity.sessions.session import RunOptions, run_cases
     case = empty_case()
     options = RunOptions(device=device, metamorphic=["padding-rows", "captured-replay"])
     (res,) = run_cases([case], options)

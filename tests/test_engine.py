@@ -1,4 +1,4 @@
-"""Stateful engine sequences (cases.engine, cases.strategies.engine_cases, parity.generated,
+"""Stateful engine sequences (cases.engine, cases.strategies.engine_cases, parity.running.generated,
 cases.profiles).
 
 * the engine model: admission, page and ring-block reuse through LIFO free lists, prefix resumes
@@ -8,7 +8,7 @@ cases.profiles).
 * planted faults: the C01 ring stash gated on the pool slot, a padding slot -1 used as an index,
   and the C21 configuration fault (ring capacity P with MTP-2: kernels and reference agree, only
   the oracle can tell) are found within the ``ci`` fault budget and shrink to small cases;
-* profiles: no wall-clock deadline (a slow example is a warning; :class:`parity.generated.JitClock`
+* profiles: no wall-clock deadline (a slow example is a warning; :class:`parity.running.generated.JitClock`
   takes compile time out of it), a flaky example is an outcome, shrinking is bounded.
 
 Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_engine.py``.
@@ -92,7 +92,7 @@ def test_mtp_acceptance_replay_and_rejected_steps():
 def test_engine_case_runs_clean_through_the_harness(device):
     """A hand-driven engine sequence over one cache pair: prefill, MTP verify with rejection and
     replay, FULL replay with padding, finish + reuse of the ring block by a prefix resume."""
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     sim = _sim(pages=14, blocks=3, max_pages=4)
     a = sim.admit()
     v = lambda i: ValueSpec(family="random", seed=i)     # noqa: E731
@@ -133,7 +133,7 @@ def test_undersized_ring_found_only_by_the_oracle(device, warm_kernels):
     lose the committed token), so only the whole-history oracle reports it; the shrunk case is an
     MTP rejection followed by a replay that completes the open pool."""
     from cases.corpus import describe
-    from parity.generated import ParityFailure, run_generated
+    from parity.running.generated import ParityFailure, run_generated
     from cases.profiles import current_profile
     from cases.strategies import scaled
 
@@ -147,7 +147,7 @@ def test_undersized_ring_found_only_by_the_oracle(device, warm_kernels):
     bad = out.result.failures
     assert set(bad["output"]) == {"reference-vs-oracle"}, bad
     assert is_small_case(out.case)
-    from parity.coverage import classify_case
+    from parity.findings.coverage import classify_case
     assert classify_case(out.case)[0]["MTP rejection + replay"] > 0
 
 
@@ -157,7 +157,7 @@ def test_undersized_ring_found_only_by_the_oracle(device, warm_kernels):
 def test_generated_sequences_draw_empty_steps_and_count_them(device):
     """Every profile draws empty steps (``Bounds.empty_steps``), the ``ci`` profile included; they
     pass on both sides and the coverage report counts them."""
-    from parity.generated import run_generated
+    from parity.running.generated import run_generated
     from cases.profiles import PROFILES, load_profile
     assert all(p.bounds.empty_steps for p in PROFILES.values())
     out = run_generated("engine", device=device, profile=load_profile("ci"), examples=4, guaranteed=False)
@@ -169,7 +169,7 @@ def test_guaranteed_cases_cover_empty_steps_and_every_residue(device):
     """The fixed cases every generated run checks first: empty steps, a NaN pool and a rejected
     ring block (engine) and chunk starts at every residue ``0..P-1`` and every tail length, for
     every P the bounds allow (batch)."""
-    from parity.coverage import Coverage
+    from parity.findings.coverage import Coverage
     from cases.coverage_cases import guaranteed_cases
     from cases.profiles import PROFILES
     for prof in PROFILES.values():
@@ -192,8 +192,8 @@ def test_guaranteed_cases_cover_empty_steps_and_every_residue(device):
 def test_generated_run_reports_complete_residues_and_empty_steps(device):
     """The ``ci`` generated suite's coverage report says every residue of every P it drew was
     seen and the empty batch was exercised (it said "empty batch NOT EXERCISED" before)."""
-    from parity.coverage import Coverage
-    from parity.generated import run_generated
+    from parity.findings.coverage import Coverage
+    from parity.running.generated import run_generated
     from cases.profiles import load_profile
     prof = load_profile("ci")
     total = Coverage()
@@ -230,7 +230,7 @@ def test_profiles_have_no_wall_clock_deadline():
 def test_jit_clock_counts_compile_time_only():
     """The clock adds the time between a compile's two hooks and nothing else: a fake clock
     (no sleeping, no timing window) gives the exact seconds."""
-    from parity.generated import warmup
+    from parity.running.generated import warmup
     try:
         from triton import knobs
     except ImportError:
@@ -251,7 +251,7 @@ def test_jit_clock_counts_compile_time_only():
 def test_slow_example_is_a_warning_not_a_failure(device, warm_kernels):
     from dataclasses import replace
 
-    from parity.generated import run_generated
+    from parity.running.generated import run_generated
     from cases.profiles import current_profile
     prof = replace(current_profile(), slow_example_s=0.0)
     out = run_generated("batch", device=device, profile=prof, examples=2, repeat_every=0, shrink_s=1,
@@ -264,7 +264,7 @@ def test_slow_example_is_a_warning_not_a_failure(device, warm_kernels):
 def test_flaky_failure_is_an_outcome_not_a_traceback(device):
     """A kernel that fails an example once and passes its replay makes hypothesis raise
     ``FlakyFailure`` (an ``ExceptionGroup``); the run reports it, with the case, as ``flaky``."""
-    from parity.generated import error_summary, run_generated
+    from parity.running.generated import error_summary, run_generated
     from cases.profiles import current_profile
     from kpool.indexer import forward
 
@@ -285,7 +285,7 @@ def test_flaky_failure_is_an_outcome_not_a_traceback(device):
 def test_shrink_budget_is_restored():
     from hypothesis.internal.conjecture import engine
 
-    from parity.generated import shrink_budget
+    from parity.running.generated import shrink_budget
     before = engine.MAX_SHRINKING_SECONDS
     with shrink_budget(3):
         assert engine.MAX_SHRINKING_SECONDS == 3

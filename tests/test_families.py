@@ -1,21 +1,21 @@
-"""Issue 19 families 3-6 (cases.structure, cases.unvalidated, cases.size, parity.family_cases,
-parity.size_cases, declared bitwise outputs): the fixed cases pass on the real kernels, each
+"""Issue 19 families 3-6 (cases.structure, cases.unvalidated, cases.size, parity.running.family_cases,
+parity.running.size_cases, declared bitwise outputs): the fixed cases pass on the real kernels, each
 family's planted faults fail its case, and the exactness faults pass once the claim is switched
 off (the rounding certificate accepts them: the evidence that only the claim catches them)."""
 import pytest
 import torch
 
 from cases.families import FAMILIES_OFF_ENV as OFF_ENV, enabled
-from parity.family_cases import family_cases
+from parity.running.family_cases import family_cases
 
 
 def test_claimed_bitwise_follows_the_declaration_and_the_switch(monkeypatch):
     from parity.implementations import resolve
     from parity.implementations.semantics import KPOOL_BITWISE
-    from parity.runner import claimed_bitwise
+    from parity.running.runner import claimed_bitwise
     assert resolve("kpool").bitwise_outputs == KPOOL_BITWISE == ("compressed_cache", "tail_ring")
     assert resolve("mutant:chunk-offset").bitwise_outputs == KPOOL_BITWISE
-    assert resolve("parity.runner:run_case").bitwise_outputs == ()       # an unknown operator claims nothing
+    assert resolve("parity.running.runner:run_case").bitwise_outputs == ()       # an unknown operator claims nothing
     assert claimed_bitwise(None) == frozenset(KPOOL_BITWISE) and claimed_bitwise(()) == frozenset()
     with pytest.raises(ValueError):
         claimed_bitwise(("cache",))
@@ -37,7 +37,7 @@ def test_family_cases_and_the_switch(monkeypatch):
 
 def test_boundary_windows_sit_on_bf16_midpoints():
     from cases.genvalues import random_ape
-    from parity.family_cases import boundary_windows
+    from parity.running.family_cases import boundary_windows
     from reference.numerics import pooled_fp32
     ape = random_ape(4, 16, 19)
     k, gate = boundary_windows(ape, 8, torch.Generator().manual_seed(3))
@@ -62,7 +62,7 @@ def test_stale_slots_are_rejected_validated_and_rewritten_only_on_noncompleting_
 
 
 def test_family_coverage_counts():
-    from parity.coverage import Coverage
+    from parity.findings.coverage import Coverage
     cov = Coverage()
     for kind in ("batch", "engine"):
         for case in family_cases(kind):
@@ -80,7 +80,7 @@ def test_family_coverage_counts():
 
 
 def test_size_family_is_skipped_on_the_cpu_with_a_reason():
-    from parity.size_cases import CPU_SKIP, run_size_family
+    from parity.running.size_cases import CPU_SKIP, run_size_family
     assert run_size_family("cpu", "ci") == (True, [CPU_SKIP])
 
 
@@ -98,7 +98,7 @@ CASE_FAULTS = [
 
 def _case(name):
     import cases.structure as S
-    from parity.family_cases import boundary_values_case, iso_score_case
+    from parity.running.family_cases import boundary_values_case, iso_score_case
     builders = (S.chunked_decode_case, S.rearranged_case, S.wide_rows_case, S.shared_prefix_case,
                 S.unvalidated_case, boundary_values_case, iso_score_case)
     return next(c for c in (b() for b in builders) if c.name == name)
@@ -107,7 +107,7 @@ def _case(name):
 @pytest.mark.integration
 @pytest.mark.parametrize("name", sorted({c for c, _ in CASE_FAULTS}))
 def test_family_case_passes_on_kpool(name, device):
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     res = run_case(_case(name), device=device)
     assert res.ok, res.failures
 
@@ -115,9 +115,9 @@ def test_family_case_passes_on_kpool(name, device):
 @pytest.mark.integration
 @pytest.mark.parametrize("name,fault", CASE_FAULTS)
 def test_family_fault_fails_its_case(name, fault, device, monkeypatch):
-    from parity.faults import FAULTS
-    from parity.mutants import load_mutant
-    from parity.runner import run_case
+    from parity.verbs.faults import FAULTS
+    from parity.implementations.mutants import load_mutant
+    from parity.running.runner import run_case
     forward = load_mutant(fault, mutation=FAULTS[fault].mutation).forward
     res = run_case(_case(name), device=device, kernel_forward=forward, check_oracle=False)
     assert not res.ok

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from parity.hf_classify import RequestView, bf16_rne_bits, classify_pools, classify_row
-from parity.hf_oracle import HF_VERSION, hf_status
+from parity.oracles.hf_classify import RequestView, bf16_rne_bits, classify_pools, classify_row
+from parity.oracles.hf_oracle import HF_VERSION, hf_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF_OK, HF_WHY = hf_status()
@@ -123,7 +123,7 @@ def test_pooled_key_classes():
 @needs_hf
 def test_recipe_reproduces_our_inputs_and_a_broken_selector_is_refused():
     from kpool.config import SMALL
-    from parity.hf_oracle import HFIndexer, HFRecipeError
+    from parity.oracles.hf_oracle import HFIndexer, HFRecipeError
     g = torch.Generator().manual_seed(1)
     H, D, P = SMALL.index_n_heads, SMALL.index_head_dim, SMALL.index_kpool
     S, n = 19, 5
@@ -142,8 +142,8 @@ def test_recipe_reproduces_our_inputs_and_a_broken_selector_is_refused():
 
 
 def _run_with_hf(case, kernel_forward=None):
-    from parity.hf_run import HFObserver
-    from parity.runner import run_case
+    from parity.oracles.hf_run import HFObserver
+    from parity.running.runner import run_case
     obs = HFObserver(case)
     res = run_case(case, device="cpu", kernel_forward=kernel_forward, step_observer=obs)
     return res, obs.table()
@@ -152,7 +152,7 @@ def _run_with_hf(case, kernel_forward=None):
 @needs_hf
 def test_a_selection_fault_is_real_and_a_pooling_fault_is_real():
     from cases.scenarios import prefill_topk
-    from parity.mutants import load_mutant
+    from parity.implementations.mutants import load_mutant
     res, table = _run_with_hf(prefill_topk("small"))
     assert res.ok and table["real"].sum() == 0 and table["rows"].sum() > 0
     res, table = _run_with_hf(prefill_topk("small"), load_mutant("visible-off-by-one").forward)
@@ -172,8 +172,8 @@ def test_no_tail_mode_agrees_with_hf_and_a_tail_left_in_is_real():
     import dataclasses
 
     from cases.scenarios import seed_cases, without_tail
-    from parity.hf_run import HFObserver
-    from parity.runner import run_case
+    from parity.oracles.hf_run import HFObserver
+    from parity.running.runner import run_case
     from reference.stateful import forward as reference_forward
     for case in seed_cases(["small"]):
         if any(s.expect_error for s in case.steps):
@@ -237,7 +237,8 @@ def test_oracle_hf_on_the_small_seed_suite(tmp_path):
 
 
 def test_oracle_hf_without_transformers_is_skipped_with_the_reason(monkeypatch, capsys, device):
-    from parity import cli, hf_oracle
+    from parity import cli
+    from parity.oracles import hf_oracle
     monkeypatch.setattr(hf_oracle, "hf_status", lambda: (False, "transformers not installed (pip install '.[hf]')"))
     rc = cli.main(["run", "--suite", "seed", "--size", "small", "--case", "prefill-topk", "--device", device,
                    "--oracle", "hf", "--no-bundles"])

@@ -26,7 +26,7 @@ from kpool.config import KPoolConfig  # noqa: E402
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata  # noqa: E402
 from kpool.ops import indexer as ix  # noqa: E402
 from kpool.ops import plan  # noqa: E402
-from parity.certificates import score_bounds  # noqa: E402
+from parity.checking.certificates import score_bounds  # noqa: E402
 from reference import numerics as rn  # noqa: E402
 
 LOWEST = rn.LOWEST
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.interpreter_ok
 
 def certified_bounds(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, mode: str) -> torch.Tensor:
     """float64 ``[T, N]`` any-order fp32 bounds of the tie certificate (docs/certificates.md §2,
-    :func:`parity.certificates.score_bounds`) of rows ``q [T, H, D]``, ``w [T, H]`` against their
+    :func:`parity.checking.certificates.score_bounds`) of rows ``q [T, H, D]``, ``w [T, H]`` against their
     keys ``[T, N, D]`` (float64 tensors of bf16 / fp32 values)."""
     if q.shape[0] == 0:
         return torch.zeros(0, keys.shape[1], dtype=torch.float64)

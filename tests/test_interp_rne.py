@@ -1,5 +1,5 @@
 """``--interp-rne`` (issue 11 point 3; docs/interpreter-rne.md): under the Triton interpreter an
-fp32 -> bf16 store or ``.to(tl.bfloat16)`` truncates; :func:`parity.interp_rne.round_to_nearest_even`
+fp32 -> bf16 store or ``.to(tl.bfloat16)`` truncates; :func:`parity.implementations.interp_rne.round_to_nearest_even`
 makes both round to nearest even, as the hardware does, only inside its block."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parity.interp_rne import rne_bf16_bits, round_to_nearest_even
+from parity.implementations.interp_rne import rne_bf16_bits, round_to_nearest_even
 
 pytestmark = [pytest.mark.cpu, pytest.mark.interpreter_ok]
 

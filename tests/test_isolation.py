@@ -1,7 +1,7 @@
 """Crash isolation (issue 18, item 3): a crash of the implementation under test, even a segfault
 or an abort of its whole process, ends that case as one ``crash`` finding (signal, step, kernel
 call, faulthandler trace) with its bundle, and the run reports every other case
-(:mod:`parity.isolation`). Stand-in: :func:`tests.standin_impls.segfault_on_page_size_4`
+(:mod:`parity.running.isolation`). Stand-in: :func:`tests.standin_impls.segfault_on_page_size_4`
 (this checkout's kernels; a read of address 0 through ctypes on the one small seed case with
 4-row pages, ``non-finite``).
 
@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from parity.isolation import CaseWorker, exit_text, should_isolate
+from parity.running.isolation import CaseWorker, exit_text, should_isolate
 from tests.helpers import parity_cli as _cli
 
 SPEC = "tests.standin_impls:segfault_on_page_size_4"

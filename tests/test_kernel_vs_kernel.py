@@ -58,7 +58,7 @@ def test_git_rev_loads_two_revisions_side_by_side_and_leaves_the_checkout(tmp_pa
 
 
 def test_diff_names_the_first_differing_element_with_both_values():
-    from parity.step_outputs import diff_step, tensor_hash
+    from parity.running.step_outputs import diff_step, tensor_hash
     a = {"indices": torch.arange(12, dtype=torch.int32).reshape(3, 1, 4), "output_buffer": None,
          "compressed_cache": torch.zeros(8, dtype=torch.int16), "tail_ring": torch.zeros(4, dtype=torch.int32)}
     b = {k: (v.clone() if v is not None else None) for k, v in a.items()}
@@ -105,7 +105,7 @@ def test_generated_selection_is_the_same_fixed_list_every_time(device):
 
     from rich.console import Console
 
-    from parity.selection import selected_cases
+    from parity.selection.kernel_cases import selected_cases
     args = argparse.Namespace(suite="generated", size="small", case=None, seed=0, profile="ci", no_oracle=False)
     first, again = (selected_cases(args, "cpu", Console(quiet=True)) for _ in range(2))
     assert len(first) > 10 and len({s.key for s in first}) == len(first)
@@ -122,9 +122,9 @@ def test_list_implementations_names_git_rev(capsys):
 
 @pytest.fixture(scope="module")
 def planted_clone(tmp_path_factory):
-    """A clone of this repository's HEAD plus 9 commits (:mod:`parity.planted_history`): 4
+    """A clone of this repository's HEAD plus 9 commits (:mod:`parity.verbs.planted_history`): 4
     harmless, one that plants :data:`PLANT` in the kernels (HEAD~4), 4 harmless."""
-    from parity.planted_history import plant_history
+    from parity.verbs.planted_history import plant_history
     if subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("not a git checkout")
     clone = tmp_path_factory.mktemp("kvk") / "clone"
@@ -199,7 +199,7 @@ def test_ab_against_the_vendor_stand_in_is_identical(capsys, device):
 
 
 def test_an_indices_diff_names_every_differing_row():
-    from parity.step_outputs import diff_tensors
+    from parity.running.step_outputs import diff_tensors
     a = torch.zeros(6, 1, 3, dtype=torch.int32)
     b = a.clone()
     b[1, 0, 2] = 7

@@ -166,7 +166,7 @@ def test_launch_grid(hw, backend, cores, work, per_core, limit, cpu_cap, expecte
 def test_launch_plan_iterations_and_programs():
     p = plan.LaunchPlan("expand", tiles=10, grid=4)
     assert p.iters == 3 and [p.program_of_tile(t) for t in range(10)] == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
-    # An explicit core count needs no device: what parity.programs and the sm_90 compile use.
+    # An explicit core count needs no device: what parity.checking.programs and the sm_90 compile use.
     assert plan.compress_plan(10 ** 6, 128, 4, "cuda", cores=132).grid == 132 * plan.TUNING["compress"]["cuda"]["per_core"]
 
 
@@ -255,7 +255,7 @@ def test_cuda_grids_are_sm_count_times_programs_per_sm_and_options_are_cuda(hw):
 
 def test_launchers_launch_exactly_their_plan(hw):
     """Grid, constexprs and options of every launch are those of the LaunchPlan that
-    ``parity.programs`` recomputes (one home for the launch geometry)."""
+    ``parity.checking.programs`` recomputes (one home for the launch geometry)."""
     kernels = hw.use("cuda")
     hw.sms = 5
     _compress(777)

@@ -1,4 +1,4 @@
-"""Metamorphic relations (parity/metamorphic.py): each holds bitwise on the real kernels, and each
+"""Metamorphic relations (parity/checking/metamorphic.py): each holds bitwise on the real kernels, and each
 catches a kernel that breaks it (stand-in forwards built on the reference, one planted fault per
 relation).
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity import metamorphic as mm
+from parity.checking import metamorphic as mm
 
 
 def _case():

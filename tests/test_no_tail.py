@@ -54,7 +54,7 @@ def test_reference_without_tail_is_the_history_columns_only(pack_tail):
 
 def test_oracle_without_tail_matches_the_reference_on_every_small_seed_case(device):
     from cases.scenarios import seed_cases, without_tail
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     for case in seed_cases(["small"]):
         if any(s.expect_error for s in case.steps):
             continue        # bad-input steps test validation; the reference stand-in has none
@@ -69,7 +69,7 @@ def test_oracle_without_tail_matches_the_reference_on_every_small_seed_case(devi
 def test_an_oracle_that_keeps_the_tail_is_caught(monkeypatch, device):
     """Broken on purpose: the oracle ignores always_select_tail -> reference-vs-oracle fails."""
     from cases.scenarios import decode_tail, without_tail
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     from reference import oracle as oracle_mod
     step = oracle_mod.HistoryOracle.step
 
@@ -89,7 +89,7 @@ def test_runner_passes_the_flag_to_the_kernel_only_for_a_no_tail_case(device):
     fails loudly (a crash naming the keyword) instead of returning tail rows of the wrong width."""
     from cases.scenarios import prefill_topk, without_tail
     from kpool.indexer import forward as kernel_forward
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     seen = []
 
     def spy(**kwargs):

@@ -1,5 +1,5 @@
 """The derived rules for non-finite and overflowing pool scores (docs/certificates.md §2.4;
-parity.certificates.scores, parity.certificates.ties): a pool ``+inf`` in every summation order
+parity.checking.certificates.scores, parity.checking.certificates.ties): a pool ``+inf`` in every summation order
 ties at exactly fp32 max, one NaN in every order is never selectable (and a row that selects it
 is named), a finite pool that overflows fp32 in some order may take any rank or none; every
 other difference of the row is still judged by the bounds (a real difference is not certified).
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.certificates import score_bounds, valid_top_k
-from parity.certificates.scores import FP32_MAX
-from parity.certificates.ties import _cross_check
+from parity.checking.certificates import score_bounds, valid_top_k
+from parity.checking.certificates.scores import FP32_MAX
+from parity.checking.certificates.ties import _cross_check
 
 INF = np.inf
 

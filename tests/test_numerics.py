@@ -7,7 +7,7 @@ import torch
 
 from reference.numerics import (LOWEST, FLT_MAX, canonical_topk, compress_pools, exp_fp32, expand_row,
                                 pool_scores, sanitize_scores)
-from parity.compare import assert_bitwise_equal
+from parity.checking.compare import assert_bitwise_equal
 
 
 def _ulps(y: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Multi-worker parity runs (``python -m parity run --jobs N``, :mod:`parity.parallel`).
+"""Multi-worker parity runs (``python -m parity run --jobs N``, :mod:`parity.running.parallel`).
 
 * device pinning: worker ``i`` gets physical device ``i % n`` of the parent's visible list via
   ``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``, in the environment it is spawned
@@ -18,8 +18,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from parity import parallel  # noqa: E402
-from parity.parallel import ParallelRunError, worker_environment  # noqa: E402
+from parity.running import parallel  # noqa: E402
+from parity.running.parallel import ParallelRunError, worker_environment  # noqa: E402
 
 CASES = ["prefill-topk[small]", "full-padding[small]"]   # the two fastest seed cases
 

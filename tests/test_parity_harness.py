@@ -20,10 +20,10 @@ from cases.spec import Case, CacheGeometry, OutputBufferSpec, Step
 from kpool.config import SMALL
 from kpool.errors import KPoolBlockIdError
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata
-from parity import compare as cmp
-from parity import report
+from parity.checking import compare as cmp
+from parity.reporting import report
 from tests.helpers import compare_rows, index_rows, padded_batch
-from parity.compare import assert_bitwise_equal, same_bits
+from parity.checking.compare import assert_bitwise_equal, same_bits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 P, K, W, D = SMALL.index_kpool, SMALL.index_topk, SMALL.output_width, SMALL.index_head_dim  # 4, 8, 11, 16
@@ -86,7 +86,7 @@ def test_cli_help_and_usage_errors():
 
 
 def test_cli_import_does_not_load_kernels():
-    code = ("import sys, parity.cli, parity.runner, parity.report, parity.compare, parity.mutants; "
+    code = ("import sys, parity.cli, parity.running.runner, parity.reporting.report, parity.checking.compare, parity.implementations.mutants; "
             "bad = [m for m in ('triton', 'kpool.ops.compress', 'kpool.ops.indexer', 'cases.scenarios') "
             "if m in sys.modules]; assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
@@ -95,7 +95,7 @@ def test_cli_import_does_not_load_kernels():
 
 
 def test_seed_offset_and_case_selection():
-    from parity.suites import offset_seeds, select_cases
+    from parity.selection.suites import offset_seeds, select_cases
     case = _tiny_case()
     shifted = offset_seeds(case, 10)
     assert shifted.seed == case.seed + 10 and [s.seed for s in shifted.steps] == [s.seed + 10 for s in case.steps]
@@ -142,7 +142,7 @@ def test_run_case_reference_against_itself_is_exact():
 def run_case_cpu(case, **kw):
     """Run on the session's device (the CPU interpreter unless pytest ran with --device)."""
     import os
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     return run_case(case, device=os.environ.get("KPOOL_DEVICE", "cpu"), **kw)
 
 
@@ -216,7 +216,7 @@ def test_run_case_expected_error_and_crash():
 # --------------------------------------------------------------------------- mutants
 
 def test_mutation_substrings_occur_once():
-    from parity.mutants import MUTANTS, apply_mutation
+    from parity.implementations.mutants import MUTANTS, apply_mutation
     import kpool
     base = os.path.dirname(kpool.__file__)
     for name, (rel, old, new, verdict) in MUTANTS.items():
@@ -232,7 +232,7 @@ def test_mutation_substrings_occur_once():
 
 
 def test_load_mutant_mechanism_with_metadata_mutation():
-    from parity.mutants import load_mutant
+    from parity.implementations.mutants import load_mutant
     mutation = ("metadata.py", "tail_slot_mapping[row] = req.ring_block * C + p % C",
                 "tail_slot_mapping[row] = req.ring_block * C + (p + 1) % C", None)
     mod = load_mutant("test-ring-slot", mutation=mutation, module="metadata")
@@ -255,7 +255,7 @@ def test_kernels_match_reference_on_tiny_case():
 @pytest.mark.interpreter_ok
 @pytest.mark.parametrize("name", ["visible-off-by-one", "ape-reversed", "tail-wrong-column", "padding-row-writes"])
 def test_planted_kernel_fault_is_caught(name):
-    from parity.mutants import expected_verdict, load_mutant
+    from parity.implementations.mutants import expected_verdict, load_mutant
     mutant = load_mutant(name)
     # One padded prefill step covers all four faults (keeps the interpreter time down). Ring block
     # 0 belongs to no request, so the padding rows' stale slots (block 0) are outside the write set.
@@ -275,7 +275,7 @@ def _full_padding_small():
 
 def test_result_that_is_not_the_output_buffer_is_wrong_index():
     """A forward that returns correct rows but leaves other values in the caller's buffer fails."""
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     from reference.stateful import forward
 
     def returns_a_copy(**kw):
@@ -298,7 +298,7 @@ def test_result_that_is_not_the_output_buffer_is_wrong_index():
 
 def test_forward_that_writes_its_inputs_is_a_stray_write():
     """Inputs (and the metadata every layer shares) are read-only: an in-place write is reported."""
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     from reference.stateful import forward
 
     def clobbers_inputs(**kw):

@@ -1,7 +1,7 @@
 """Program ids: which kernel and which program of its launch wrote an element (parity-contract.md
-§6; :mod:`parity.programs` from the launch plans, :mod:`parity.localize` on findings).
+§6; :mod:`parity.checking.programs` from the launch plans, :mod:`parity.checking.localize` on findings).
 
-Checked against the real kernels with probe mutants (:func:`parity.mutants.load_mutant` with an
+Checked against the real kernels with probe mutants (:func:`parity.implementations.mutants.load_mutant` with an
 explicit mutation; probes, not faults) that store their own ``tl.program_id`` instead of their
 result, so every written element says which program wrote it.
 """
@@ -14,8 +14,8 @@ import torch
 from cases.spec import CacheGeometry, Case, Step
 from kpool.config import SMALL
 from kpool.metadata import BatchSpec, RequestSpec
-from parity.compare import assert_bitwise_equal, bits
-from parity.findings import finding
+from parity.checking.compare import assert_bitwise_equal, bits
+from parity.findings.vocabulary import finding
 from tests.certificate_cases import D, W, run
 from tests.helpers import small_batch
 
@@ -62,7 +62,7 @@ def _probe_batch(torch_device, config=SMALL, requests=((0, 150), (0, 110))):
 
 
 def _step_view(kw, config):
-    """What :func:`parity.localize.localize` reads of a case and of the step's metadata."""
+    """What :func:`parity.checking.localize.localize` reads of a case and of the step's metadata."""
     case = types.SimpleNamespace(config=config, geometry=types.SimpleNamespace(page_size=2))
     meta = types.SimpleNamespace(**{k: kw[k] for k in ("positions", "slot_mapping", "tail_slot_mapping",
                                                        "cum_query_lens", "max_pool_seq_len")})
@@ -70,8 +70,8 @@ def _step_view(kw, config):
 
 
 def test_program_ids_match_what_the_kernels_report(device, torch_device):
-    from parity import programs
-    from parity.mutants import load_mutant
+    from parity.checking import programs
+    from parity.implementations.mutants import load_mutant
     from kpool.platform import resolve_device
     resolve_device(device)
     P = SMALL.index_kpool
@@ -106,10 +106,10 @@ def test_program_ids_match_what_the_kernels_report(device, torch_device):
 
 
 def test_localize_names_the_kernel_and_program_that_wrote_each_cache_element(device, torch_device):
-    """:func:`parity.localize.localize` on a finding at every compressed row and ring row the
+    """:func:`parity.checking.localize.localize` on a finding at every compressed row and ring row the
     probes wrote (P = 2): the kernel it names, the writing row, and the program id stored there."""
-    from parity.localize import localize
-    from parity.mutants import load_mutant
+    from parity.checking.localize import localize
+    from parity.implementations.mutants import load_mutant
     from kpool.platform import resolve_device
     resolve_device(device)
     P, C = PAIRS.index_kpool, PAIRS.ring_capacity
@@ -141,12 +141,12 @@ def test_localize_names_the_kernel_and_program_that_wrote_each_cache_element(dev
 
 def test_score_programs_match_what_the_score_kernels_report(device, torch_device):
     """Scoring in chunks of 100 rows (``max_score_rows``) of prefill- and decode-sized requests:
-    for every live row and pool, :func:`parity.programs.score_kernel` and
-    :func:`~parity.programs.score_program` give the kernel, chunk and program that stored its
+    for every live row and pool, :func:`parity.checking.programs.score_kernel` and
+    :func:`~parity.checking.programs.score_program` give the kernel, chunk and program that stored its
     key; and a localized index finding's detail names the same three for its pool."""
-    from parity import programs
-    from parity.localize import localize
-    from parity.mutants import load_mutant
+    from parity.checking import programs
+    from parity.checking.localize import localize
+    from parity.implementations.mutants import load_mutant
     from kpool.platform import resolve_device
     resolve_device(device)
     caches, kw = _probe_batch(torch_device, SMALL, MIXED)
@@ -188,8 +188,8 @@ def test_score_programs_match_what_the_score_kernels_report(device, torch_device
 def test_findings_name_the_writing_program(device, torch_device):
     """End to end: the runner's findings for a planted compression fault name the compression
     launch's program; an index finding names the expansion program and the score kernel."""
-    from parity import programs
-    from parity.mutants import load_mutant
+    from parity.checking import programs
+    from parity.implementations.mutants import load_mutant
     from kpool.platform import resolve_device
     resolve_device(device)
     mutant = load_mutant("ape-reversed")

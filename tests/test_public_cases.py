@@ -1,9 +1,9 @@
-"""The public failure cases C01..C31 (cases.public, run by parity.public; ../shared/cases/public-cases.md).
+"""The public failure cases C01..C31 (cases.public, run by parity.running.public; ../shared/cases/public-cases.md).
 
 * every public case passes kernel vs stateful reference vs whole-history oracle, bitwise, with
   its stated values asserted on what the kernel and the reference returned;
 * the stated-value checks are real: corrupting the recorded outputs makes them fail, and the
-  planted fault of each case's kind (parity.mutants) makes the case fail;
+  planted fault of each case's kind (parity.implementations.mutants) makes the case fail;
 * ``python -m parity run --suite public`` runs them on any device.
 
 Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_public_cases.py``.
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from cases.public import PUBLIC_CASES, Check, PublicRun
-from parity.compare import bits
-from parity.public.runner import run_public, stated_checks
+from parity.checking.compare import bits
+from parity.running.public.runner import run_public, stated_checks
 
 _RUNS: dict = {}
 
@@ -79,7 +79,7 @@ PLANTED = [("visible-off-by-one", "C09"), ("ring-stash-gated-on-pool-slot", "C03
 
 @pytest.mark.parametrize("mutant,cid", PLANTED)
 def test_public_case_catches_its_fault_kind(mutant, cid, device):
-    from parity.mutants import load_mutant
+    from parity.implementations.mutants import load_mutant
     runs, checks = run_public(PUBLIC_CASES[cid], device, kernel_forward=load_mutant(mutant).forward)
     harness_ok = all(r.result.ok for n, r in runs.items() if n not in PUBLIC_CASES[cid].must_fail)
     assert not harness_ok or any(not c.ok for c in checks)

@@ -23,7 +23,7 @@ import torch
 
 from kpool.config import GLM53_FLASH, SMALL
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata
-from parity.compare import assert_bitwise_equal, same_bits
+from parity.checking.compare import assert_bitwise_equal, same_bits
 from reference import stateful
 from reference.numerics import compress_pools
 from tests.reference_harness import Harness, Inputs

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from parity.compare import assert_bitwise_equal
+from parity.checking.compare import assert_bitwise_equal
 from tests.reference_harness import ONE_HEAD, Harness, Inputs, assert_universal, exact_harness, exact_inputs, rng, row
 
 

@@ -6,7 +6,7 @@ same caches. On the random-data seed cases they must pass, their differing rows 
 ``tie-equivalent`` (GLM-5.3-Flash size: the only seed case with near-ties at the K_pool boundary
 is ``prefill-topk``); a planted fault that only moves scores slightly (head 0's weight times
 ``1 + 2^-10``) must not be certified; exact-data cases stay bitwise; and the planted kernel faults
-of :mod:`parity.mutants` keep their failure classes with no certified finding.
+of :mod:`parity.implementations.mutants` keep their failure classes with no certified finding.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 
 from cases.scenarios import seed_cases
-from parity.report import certified_counts
+from parity.reporting.report import certified_counts
 from tests.certificate_cases import SCORERS, run, standin_forward
 
 # the stand-ins do not validate: seed cases with bad-input steps (bad-metadata, bad-arguments)
@@ -107,12 +107,12 @@ ONLY_CHUNKED = {"chunk-offset"}   # reachable only through prefill-topk's chunke
 
 @pytest.mark.integration
 def test_planted_mutants_stay_uncertified(device):
-    """Every planted fault of parity.mutants on the small random full-padding seed case (which
+    """Every planted fault of parity.implementations.mutants on the small random full-padding seed case (which
     catches all of them), on prefill-topk for the faults that change index rows, and on its
     corpus entry: the expected failure class, and no certified finding at all."""
     from cases import corpus
     from kpool.platform import resolve_device
-    from parity.mutants import MUTANTS, expected_verdict, load_mutant
+    from parity.implementations.mutants import MUTANTS, expected_verdict, load_mutant
     resolve_device(device)
     by_name = {c.name: c for c in RANDOM_SMALL}
     saved = {corpus.mutant_of(info): case for case, info in map(corpus.load_case, corpus.entries())}
@@ -133,7 +133,7 @@ def test_console_states_certified_counts_per_output_zeros_included():
 
     from rich.console import Console
 
-    from parity.commands import _print_certified
+    from parity.sessions.commands import _print_certified
     from tests.certificate_cases import swapping_kernel, tie_case
     out = io.StringIO()
     _print_certified(run(tie_case(), swapping_kernel(2)).findings, Console(file=out, width=200))

@@ -15,9 +15,9 @@ import pandas as pd
 from cases.spec import CacheGeometry, Case, Step
 from kpool.config import SMALL
 from kpool.metadata import BatchSpec, RequestSpec
-from parity import compare as cmp
-from parity.compare import bits
-from parity import report
+from parity.checking import compare as cmp
+from parity.checking.compare import bits
+from parity.reporting import report
 
 P = SMALL.index_kpool
 FAULT_POSITIONS = (7, 11)
@@ -59,7 +59,7 @@ def _device() -> str:
 
 
 def _run(case, kernel, **kw):
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     return run_case(case, device=_device(), kernel_forward=kernel, **kw)
 
 
@@ -169,7 +169,7 @@ def test_first_divergence_table_in_summary(tmp_path):
 def test_progress_bar_only_on_a_terminal():
     from rich.console import Console
 
-    from parity.session import RunOptions, _progress, run_cases
+    from parity.sessions.session import RunOptions, _progress, run_cases
     assert _progress(Console(file=open("/dev/null", "w"), force_terminal=False), 5) is None
     tty = Console(force_terminal=True, record=True, width=120)
     assert _progress(tty, 5) is not None

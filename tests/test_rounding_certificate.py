@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from parity import certificates as certs
-from parity import compare as cmp
-from parity.compare import bits
+from parity.checking import certificates as certs
+from parity.checking import compare as cmp
+from parity.checking.compare import bits
 from reference.numerics import compress_pools, exp_fp32, round_bf16
 from tests.certificate_cases import D, P
 

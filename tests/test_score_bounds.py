@@ -1,4 +1,4 @@
-"""The any-order score bound (docs/certificates.md §1-§2; parity.certificates.scores).
+"""The any-order score bound (docs/certificates.md §1-§2; parity.checking.certificates.scores).
 
 Emulated fp32 implementations of kpool-algorithm.md §4.2 -- sequential in several orders
 (natural, reversed, by magnitude, positives first), pairwise, round-to-nearest or toward zero,
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from parity.certificates import floats, score_bounds
+from parity.checking.certificates import floats, score_bounds
 
 F32 = np.float32
 

@@ -1,12 +1,12 @@
-"""The planted-fault catalog of ``python -m parity selftest`` (parity.faults; issue 13): every
+"""The planted-fault catalog of ``python -m parity selftest`` (parity.verbs.faults; issue 13): every
 fault's mutation applies to today's kpool, every fault changes the source, and a small sample is
 caught end to end (integration)."""
 import pathlib
 
 import pytest
 
-from parity.faults import FAULTS, NOT_PLANTED
-from parity.mutants import apply_mutation
+from parity.verbs.faults import FAULTS, NOT_PLANTED
+from parity.implementations.mutants import apply_mutation
 
 KPOOL = pathlib.Path(__file__).resolve().parents[1] / "kpool"
 
@@ -41,7 +41,7 @@ def test_catalog_size_and_rules():
 @pytest.mark.integration
 @pytest.mark.parametrize("name", ["rule:slot-duplicate", "rule:dtype", "bf16-truncate", "chunk-last-skipped"])
 def test_sample_fault_is_caught(name, device):
-    from parity.selftest import hunt
+    from parity.verbs.selftest import hunt
     r = hunt(name, device, ["corpus", "seed"], "small")
     assert r["caught"], r
 
@@ -51,7 +51,7 @@ def test_sample_fault_is_caught(name, device):
 def test_bad_input_steps_reject_with_their_rule(scenario, device):
     """The real kernels pass every bad-input step (each raises its rule's class and name)."""
     import cases.scenarios as S
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     case = getattr(S, scenario)("small")
     res = run_case(case, device=device)
     assert res.ok, res.failures

@@ -1,5 +1,5 @@
-"""Sharded runs (``python -m parity run --shard i/n``, :mod:`parity.shard`) and their merge
-(``python -m parity merge``, :mod:`parity.merge`).
+"""Sharded runs (``python -m parity run --shard i/n``, :mod:`parity.selection.shard`) and their merge
+(``python -m parity merge``, :mod:`parity.verbs.merge`).
 
 * ``--shard i/n`` keeps the units ``k`` with ``k % n == i``: every unit in exactly one shard;
 * the merge of the shards' reports has the unsharded report's rows, in its order (results.csv
@@ -13,7 +13,7 @@ import os
 import pandas as pd
 import pytest
 
-from parity.shard import in_shard, parse_shard, shard_units, write_manifest
+from parity.selection.shard import in_shard, parse_shard, shard_units, write_manifest
 
 
 def test_parse_shard():
@@ -85,8 +85,8 @@ def test_merge_refuses_missing_repeated_or_foreign_shards(tmp_path, capsys):
 
 
 def test_merge_sums_generated_coverage(tmp_path):
-    from parity.coverage import Coverage
-    from parity.merge import merge_reports
+    from parity.findings.coverage import Coverage
+    from parity.verbs.merge import merge_reports
     units = ["generated:batch", "generated:engine"]
     parts = {u: "generated" for u in units}
     dirs = []

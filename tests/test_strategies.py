@@ -1,12 +1,12 @@
 """Hypothesis strategies and generated batches (cases.strategies, cases.genvalues, cases.patches,
-parity.coverage, parity.generated).
+parity.findings.coverage, parity.running.generated).
 
 * the bit-pattern value constructors and every value family are bit-exact by construction;
 * drawn configs and batches are valid (metadata builds; bad-metadata steps are rejected by the
   harness-side check exactly when the kernel's validation rejects them);
 * the ``ci`` budget of generated batches passes kernel vs reference vs oracle and reports its
   coverage;
-* planted faults (parity.mutants) are found within that budget and shrink to small cases that
+* planted faults (parity.implementations.mutants) are found within that budget and shrink to small cases that
   the corpus keeps.
 
 Run: ``TRITON_INTERPRET=1 python -m pytest -q tests/test_strategies.py``.
@@ -20,13 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from cases import genvalues as gv
 from cases.patches import MetadataPatch
 from cases.steps import step_metadata
-from parity.checked_reference import check_metadata
+from parity.checking.checked_reference import check_metadata
 from cases.strategies import TINY, batch_cases, configs, engine_cases, scaled
 from kpool.config import KPoolConfig
 from kpool.errors import KPoolBlockIdError
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata
 from tests.helpers import assert_generated_run_covers, assert_planted_fault_found_and_shrunk
-from parity.compare import assert_bitwise_equal, bits, same_bits
+from parity.checking.compare import assert_bitwise_equal, bits, same_bits
 
 QUICK = settings(max_examples=40, deadline=None, database=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -207,7 +207,7 @@ def _bad(meta, field, index, value):
 
 
 def test_reference_side_metadata_check_rejects_what_the_kernel_rejects():
-    """parity.checked_reference.check_metadata (the harness's reference-side check, parity-contract.md §5)
+    """parity.checking.checked_reference.check_metadata (the harness's reference-side check, parity-contract.md §5)
     passes valid metadata and rejects each kind of bad metadata the kernel's validation rejects."""
     from kpool.errors import KPoolMetadataError
     from kpool.validation import validate_forward

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity import certificates as certs
+from parity.checking import certificates as certs
 from reference.numerics import expand_row
 from tests.certificate_cases import (D, K, P, W, compare_rows, run, swap_pool, swapping_kernel, tie_case,
                                      tie_setup)

@@ -17,11 +17,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from parity.findings import UNSUPPORTED, is_failure
+from parity.findings.vocabulary import UNSUPPORTED, is_failure
 from parity.implementations import resolve
 from parity.implementations.semantics import (RunSemantics, UnsupportedModeError, gated_by_modes, modes_needed,
                                               resolve_semantics)
-from parity.runner import run_case
+from parity.running.runner import run_case
 from tests.helpers import parity_cli as _cli
 
 

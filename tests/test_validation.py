@@ -9,7 +9,7 @@ from kpool.config import INT32_MAX
 from kpool.indexer import forward
 from tests.helpers import small_batch
 from tests.rejection import assert_corrupted_small_batch_rejected, assert_rejected
-from parity.compare import assert_bitwise_equal, bits, same_bits
+from parity.checking.compare import assert_bitwise_equal, bits, same_bits
 
 # The kernel-side forward, pre-launch checks and one real launch: also run by
 # `make test-ascend-interp` (triton-ascend 3.2's interpreter).

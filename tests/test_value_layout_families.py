@@ -84,7 +84,7 @@ def test_apply_layout_relays_every_input_with_the_same_values():
     element, caches and output buffer untouched, the given tensors unmodified."""
     from cases.scenarios import SCENARIOS
     from cases.steps import build_step
-    from parity.sentinel import sentinel_caches
+    from parity.checking.sentinel import sentinel_caches
     case = SCENARIOS["decode-tail"]("small")
     built = build_step(case, case.steps[2])
     caches = sentinel_caches(case)
@@ -176,8 +176,8 @@ def test_switch_drops_the_seed_scenarios_and_rejects_unknown_names(monkeypatch):
 def test_coverage_counts_every_family_class():
     """The coverage report counts each value class and layout of the two seed scenarios."""
     from cases.scenarios import SCENARIOS
-    from parity.coverage import Coverage
-    from parity.coverage_families import FAMILY_REQUIRED
+    from parity.findings.coverage import Coverage
+    from parity.findings.coverage_families import FAMILY_REQUIRED
     cov = Coverage()
     for name in ("value-range", "strided-layouts"):
         cov.add(SCENARIOS[name]("small"))
@@ -192,7 +192,7 @@ def test_coverage_counts_every_family_class():
 @pytest.mark.parametrize("scenario", ["value-range", "strided-layouts"])
 def test_family_scenarios_pass_on_kpool(scenario, device):
     from cases.scenarios import SCENARIOS
-    from parity.runner import run_case
+    from parity.running.runner import run_case
     res = run_case(SCENARIOS[scenario]("small"), device=device)
     assert res.ok, res.failures.head().to_string()
 
@@ -204,10 +204,10 @@ def test_family_scenarios_pass_on_kpool(scenario, device):
 def test_family_fault_caught_by_its_scenario_only(fault, device):
     """The fault's family scenario fails on it; the other family's scenario passes on it."""
     from cases.scenarios import SCENARIOS
-    from parity.faults import FAULTS
-    from parity.faults.families import FAMILY_OF
-    from parity.mutants import load_mutant
-    from parity.runner import run_case
+    from parity.verbs.faults import FAULTS
+    from parity.verbs.faults.families import FAMILY_OF
+    from parity.implementations.mutants import load_mutant
+    from parity.running.runner import run_case
     forward = load_mutant(fault, mutation=FAULTS[fault].mutation).forward
     mine = {"values": "value-range", "layouts": "strided-layouts"}[FAMILY_OF[fault]]
     other = ({"value-range", "strided-layouts"} - {mine}).pop()
@@ -221,7 +221,7 @@ def test_pooled_bound_covers_underflow_of_far_apart_logits():
     that (it was purely relative: the HF oracle called the fp32 0 real on value-range)."""
     import numpy as np
 
-    from parity.certificates.rounding import pooled_value_and_bound_f64
+    from parity.checking.certificates.rounding import pooled_value_and_bound_f64
     gate = np.array([[0.0], [-600.0], [-600.0], [-600.0]])
     k = np.array([[0.0], [2.0 ** -40], [-(2.0 ** -40)], [2.0 ** -41]])
     y, bound, _ = pooled_value_and_bound_f64(k, gate, np.zeros((4, 1)), budget_ulps=8.0)
@@ -238,8 +238,8 @@ def test_selftest_without_family_rejects_an_unknown_family():
     out = subprocess.run([sys.executable, "-m", "parity", "selftest", "--device", "cpu", "--without-family", "value",
                           "--fault", "dot-operands-fp16"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "unknown families" in out.stderr, out.stderr[-500:]
-    from parity.faults import FAULTS
-    from parity.faults.families import FAMILY_FAULTS, FAMILY_OF
+    from parity.verbs.faults import FAULTS
+    from parity.verbs.faults.families import FAMILY_FAULTS, FAMILY_OF
     assert set(FAMILY_FAULTS) == set(FAMILY_OF) <= set(FAULTS)
     assert set(FAMILY_OF.values()) == {"values", "layouts"} and set(FAMILY_OF.values()) <= set(families.SWITCHABLE)
 
@@ -248,7 +248,7 @@ def test_padded_cache_rows_keep_the_view_and_sentinels():
     """``row_padding`` pads the rows of both caches (row strides ``D + pad``) and the padding
     holds the sentinel like page padding; a step writes only view elements."""
     from cases.scenarios import SCENARIOS
-    from parity.sentinel import sentinel_caches
+    from parity.checking.sentinel import sentinel_caches
     case = SCENARIOS["strided-layouts"]("small")
     D, C = case.config.index_head_dim, case.config.ring_capacity
     caches = sentinel_caches(case)

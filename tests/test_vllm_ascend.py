@@ -27,7 +27,7 @@ from parity.implementations import vllm_ascend as va
 from parity.implementations.semantics import resolve_semantics, with_score_mode
 from parity.implementations.vendor_ascend_ext import extract_slice, get_element
 from parity.implementations.vendor_manifest import STANDINS
-from parity.runner import run_case
+from parity.running.runner import run_case
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = {w: f"tests/vendor_standin/{w}" for w in ("new", "old", "state")}
@@ -233,8 +233,8 @@ def test_a_direct_call_check_needing_an_absent_mode_is_unsupported_not_a_crash()
     """C19's in-place replay hands the forward an output buffer; a fixed-layout revision declares
     no ``output-buffer``: that check is ``unsupported`` (not asked), the case's other checks pass."""
     from cases.public import PUBLIC_CASES
-    from parity.findings import UNSUPPORTED
-    from parity.public.runner import run_public
+    from parity.findings.vocabulary import UNSUPPORTED
+    from parity.running.public.runner import run_public
     impl = resolve(f"vllm-ascend:{STANDIN['old']}")
     sem = resolve_semantics(impl)
     _, checks = run_public(PUBLIC_CASES["C19"], DEVICE, kernel_forward=sem.forward(impl.forward), semantics=sem,
@@ -245,12 +245,12 @@ def test_a_direct_call_check_needing_an_absent_mode_is_unsupported_not_a_crash()
 
 
 def test_direct_call_checks_call_the_implementation_under_test():
-    """C05's ``validate=False`` replay (parity.public.kernel_checks) launches the forward it is
+    """C05's ``validate=False`` replay (parity.running.public.kernel_checks) launches the forward it is
     given, every step, not ``kpool`` behind its back."""
     from types import SimpleNamespace
 
     from cases.public import PUBLIC_CASES
-    from parity.public.kernel_checks import KERNEL_CHECKS
+    from parity.running.public.kernel_checks import KERNEL_CHECKS
     case = with_score_mode(next(c for c in PUBLIC_CASES["C05"].build() if c.name == "tail-seed-b-bad-block"), "merged")
     inner = resolve(f"vllm-ascend:{STANDIN['new']}").forward
     calls = []

@@ -3,10 +3,10 @@ cases with their stated correct values (parity-contract.md §1; kpool-algorithm.
 module per case, each exporting ``CASE`` (a :class:`cases.public.model.PublicCase`).
 
 ``python -m parity run --suite public`` (and ``tests/test_public_cases.py``) runs each case
-through the harness with recording forwards (:mod:`parity.public`) and evaluates ``CASE.expect``
+through the harness with recording forwards (:mod:`parity.running.public`) and evaluates ``CASE.expect``
 on what the kernel and the reference returned and left in the caches; the checks that need the
 reference's numerics, the harness's sentinels or direct kernel calls live in
-:mod:`parity.public` keyed by case id. A case marked ``must_fail`` is a negative control: the
+:mod:`parity.running.public` keyed by case id. A case marked ``must_fail`` is a negative control: the
 harness must report it.
 
 Where a public case states a value for an implementation style we do not have, the case

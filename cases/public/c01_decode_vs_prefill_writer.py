@@ -4,7 +4,7 @@ Paths A (one 32-token prefill), B (32 decodes) and C (a 10-token prefill, then 2
 token stream, as requests 0, 1, 2 of one case: every pool is bitwise identical on the three
 paths, and after decode step ``t`` ring slot ``t % 4`` holds token ``t``'s K and gate bits.
 The canonical value of pool 7 (the reference's compression) is checked in
-:mod:`parity.public.reference_checks`.
+:mod:`parity.running.public.reference_checks`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Ring block 3 of a ring whose blocks are padded by :data:`PADDING` elements: the prefill's last
 three tokens land in block 3's slots 0..2. That the ring handed to the kernel really is a
 non-contiguous view, that the dense-stride addresses of block 3 still hold the sentinel, and
-that pool 2 is the canonical compression are checked in :mod:`parity.public.reference_checks`.
+that pool 2 is the canonical compression are checked in :mod:`parity.running.public.reference_checks`.
 """
 from __future__ import annotations
 

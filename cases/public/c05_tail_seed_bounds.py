@@ -3,7 +3,7 @@
 P = 4, a ring of 2 blocks (plus the harness's guard bands); the request owns block 1.
 (a) final chunk 200..209; (b) the same chunk with the ring block patched to 3537 (must be
 rejected on both sides, nothing written); (c) a pool-aligned final chunk 200..207. The
-``validate=False`` run of (b) (the kernels' own guards) is in :mod:`parity.public.kernel_checks`.
+``validate=False`` run of (b) (the kernels' own guards) is in :mod:`parity.running.public.kernel_checks`.
 
 Adapted value: our ring write stores each request's last ``C`` rows (kpool-algorithm.md §5.4),
 so (a) also writes tokens 206, 207 into slots 2, 3 and (c) writes 204..207 into slots 0..3; the

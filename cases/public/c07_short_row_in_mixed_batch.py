@@ -2,7 +2,7 @@
 
 A packed prefill of request 0 (3 tokens, no complete pool) next to request 1 (13 tokens, pool
 logits ``v = [1, 3, 2]``), K = 2 pools, written into a caller buffer of 20 rows. The universal
-causal-row checks are in :mod:`parity.public.reference_checks`.
+causal-row checks are in :mod:`parity.running.public.reference_checks`.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 One 10-token prefill, K = 1 pool, pool logits ``[1, 100]``: a row inside pool 1 must not select
 pool 1 (its own, incomplete) however large its logit. The universal causal-row checks are in
-:mod:`parity.public.reference_checks`.
+:mod:`parity.running.public.reference_checks`.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Pool logits ``[3, 2, 2]`` after a 12-token context, a decode at position 12 with K = 2: pool 0
 and the lower of the tied pools 1, 2, then the tail. The universal causal-row checks are in
-:mod:`parity.public.reference_checks`.
+:mod:`parity.running.public.reference_checks`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Ragged MTP decode lengths ``[1, 2, 3]`` (request 0 at 20; request 1 at 9, 10; request 2 at
 30..32 with tokens 28, 29 in its ring beforehand), tail blocks ``[0, 1, 2]``; flat and as a
 padded grid (FULL mode, 3 x 3). Each row's tail columns and request 2's pool 7 (the reference's
-compression) are checked in :mod:`parity.public.reference_checks`.
+compression) are checked in :mod:`parity.running.public.reference_checks`.
 """
 from __future__ import annotations
 

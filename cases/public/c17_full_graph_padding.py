@@ -4,7 +4,7 @@ A FULL graph captured at 8 tokens (uniform decode, next_n = 2, 4 request slots) 
 real requests x 2 tokens plus 1 padded request (2 padding rows, slot -1) whose seq_len is (a) 0
 (what the builder writes), (b) -4 (must be rejected by name, never crash), (c) a stale 37; and
 the eager run without padding that the real rows must equal. The ``validate=False`` run of (b)
-is in :mod:`parity.public.kernel_checks`.
+is in :mod:`parity.running.public.kernel_checks`.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ pools (positions 7, 11) with tables ``[[1], [0]]``. The replays re-point request
 physical blocks on purpose, so the physical state is no function of per-request history and the
 case runs without the oracle. The in-place replay against an eager run (metadata refreshed with
 ``KPoolMetadata.copy_`` before each ``validate=False`` launch) is in
-:mod:`parity.public.kernel_checks`.
+:mod:`parity.running.public.kernel_checks`.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Committed through position 5 (pool 0 done, ring holds k4, k5); verify drafts at 
 completes pool 1), only 6 accepted; then k7', k8', k9'. Variants: 5 drafts (6..11, more than P);
 a run without speculation; and the negative control with an undersized ring ``C = P`` (MTP-2 with
 4 slots: kernels and reference agree, the oracle must not). Pool 1's canonical value (the
-reference's compression) is checked in :mod:`parity.public.reference_checks`.
+reference's compression) is checked in :mod:`parity.running.public.reference_checks`.
 
 Adapted value: our ring has ``C = P + spec`` slots, so k8', k9' sit at slots ``8 % C``, ``9 % C``
 (slots 0 and 1 of the public case's P-slot ring).

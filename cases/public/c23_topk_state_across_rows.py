@@ -4,7 +4,7 @@ P = 1 (a pool is a token), K = 64: a decode batch of four requests with 1500, 3,
 visible pools launched three times, then with the requests permuted. Row 3's logits sit in one
 coarse bin (exactly 1.0 plus 64 bumped pools ``1 + i * 2^-20``), so a radix or bucketed top-k
 that keeps state across rows or launches would show. The rows of the random requests 0 and 2 (the
-``torch.topk`` set of the reference's logits) are checked in :mod:`parity.public.reference_checks`.
+``torch.topk`` set of the reference's logits) are checked in :mod:`parity.running.public.reference_checks`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 One decode row, K = 2, 5 visible pools, real softmax pooling (random gate and APE); the 2nd and
 3rd logits differ by 2^-23 (1 fp32 ulp at 1.0, far below 1 bf16 ulp of the pooled key) or by
 2^-17 (64 fp32 ulps). The repeated kernel launches and the reference fed the kernel's bf16 cache
-rows are in :mod:`parity.public.kernel_checks`.
+rows are in :mod:`parity.running.public.kernel_checks`.
 """
 from __future__ import annotations
 

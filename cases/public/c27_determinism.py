@@ -4,8 +4,8 @@ A decode batch of 4 x 1 token with visible pools :data:`VISIBLE`, H = 32, random
 K = 16 pools: an eager launch, then the same launch in FULL mode (8 token rows, static
 ``max_pool_seq_len``); the repeat rewrites identical cache rows. P = 1 (the case is about the
 logits kernel; a pool per token keeps the context short under the interpreter). Each row's
-``torch.topk`` set of the reference's logits is checked in :mod:`parity.public.reference_checks`,
-the repeated launches in :mod:`parity.public.kernel_checks`.
+``torch.topk`` set of the reference's logits is checked in :mod:`parity.running.public.reference_checks`,
+the repeated launches in :mod:`parity.running.public.kernel_checks`.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 P = 4, K_tok = 2048 (K = 512 pools): rows with 600, 300 and 0 visible pools, an eager launch and
 the same launch in FULL mode (graph-replay shapes). The 600-pool row's set (the ``torch.topk``
-set of the reference's logits) is checked in :mod:`parity.public.reference_checks`.
+set of the reference's logits) is checked in :mod:`parity.running.public.reference_checks`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ values as checks on recorded runs, and the records those checks read.
 
 A :class:`PublicCase` builds one or more :class:`cases.spec.Case` objects and states, as
 :class:`Check` results, what the kernel (and the reference) must have returned and left in the
-caches. The harness (:mod:`parity.public`) runs every case with recording forwards, hands the
+caches. The harness (:mod:`parity.running.public`) runs every case with recording forwards, hands the
 records to :attr:`PublicCase.expect` as :class:`PublicRun` objects, and adds the checks that
 need the reference or the kernels themselves. Data only: nothing here runs anything.
 """
@@ -33,7 +33,7 @@ class Check:
 
 @dataclass
 class Call:
-    """One recorded forward call (CPU copies; :class:`parity.recording.Recorder` makes them).
+    """One recorded forward call (CPU copies; :class:`parity.implementations.recording.Recorder` makes them).
 
     Attributes:
         out: int32 ``[T, 1, W]`` returned rows (``None`` for cache-only steps or on error).
@@ -55,7 +55,7 @@ class PublicRun:
     """One case of a public case after a harness run with recording forwards.
 
     Attributes:
-        case: the :class:`cases.spec.Case`. result: its :class:`parity.results.CaseResult`
+        case: the :class:`cases.spec.Case`. result: its :class:`parity.findings.results.CaseResult`
         (``findings``, ``failures``). kernel_calls / reference_calls: the recorded calls, one per
         step, in step order.
     """
@@ -79,7 +79,7 @@ class PublicCase:
         build: ``fn() -> [Case, ...]`` (run in order, each from fresh caches).
         expect: ``fn({case name: PublicRun}) -> [Check]``: the stated values that read only the
             recorded runs (the checks that need the reference or direct kernel calls live in
-            :mod:`parity.public`, keyed by ``cid``).
+            :mod:`parity.running.public`, keyed by ``cid``).
         must_fail: names of cases that are negative controls (their failures are expected;
             a check asserts the harness reported one).
         check_oracle: cases whose physical state is deliberately not a function of per-request

@@ -7,7 +7,7 @@ exceeds Ascend's ``coreDim <= UINT16_MAX`` and the results never depend on it: a
 which program computes a cell, never the order of the cell's operations. A :class:`LaunchPlan`
 says all of that for one launch; the launchers (``kpool.ops.compress``, ``.score``, ``.merged``,
 ``.expand``) launch exactly ``kernel[(plan.grid,)](..., **plan.constexprs, **plan.options)`` and
-``parity.programs`` maps an element back to the program that wrote it from the same plan.
+``parity.checking.programs`` maps an element back to the program that wrote it from the same plan.
 
 Cores per backend:
 
@@ -22,7 +22,7 @@ Cores per backend:
   applies. The Triton driver is never touched there (it raises "0 active drivers" on a host
   without GPU/NPU).
 
-Importing this module imports torch only (no Triton): ``parity.programs`` reads plans without
+Importing this module imports torch only (no Triton): ``parity.checking.programs`` reads plans without
 loading a kernel.
 """
 from __future__ import annotations

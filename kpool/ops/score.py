@@ -12,7 +12,7 @@ address legality); the raw score is
 each ``q_h . c_j`` is one ``tl.dot`` (bf16 x bf16 products, exact in fp32, accumulated in fp32
 in the hardware's order; never tf32). The accumulation order differs from
 ``reference.numerics.pool_scores``; parity-contract.md §3.2 certifies exactly that difference
-(``parity.certificates``), and exact-data cases (every partial sum exact) stay bitwise. Each
+(``parity.checking.certificates``), and exact-data cases (every partial sum exact) stay bitwise. Each
 cell is then sanitized (§4.3: invisible, NaN, ``<= LOWEST`` -> LOWEST; ``> FLT_MAX`` ->
 FLT_MAX; ``-0.0`` -> ``+0.0``) and stored as an int64 selection key: high word the
 order-preserving image of the score, low word ``-1 - j``, so ``torch.topk`` of a row's keys is

@@ -9,7 +9,7 @@ Kinds are registered by spec prefix (:func:`register_kind`); :func:`resolve` tur
 an :class:`Implementation`:
 
 * ``kpool``: this repository's kernels (:mod:`kpool.indexer`);
-* ``mutant:NAME``: a planted fault (:mod:`parity.mutants`);
+* ``mutant:NAME``: a planted fault (:mod:`parity.implementations.mutants`);
 * ``git:REV``: this repository's kernels at a git revision (:mod:`.git_rev`);
 * ``vllm-ascend:PATH``: vLLM-Ascend's two operators from a checkout (:mod:`.vllm_ascend`);
   ``vllm-ascend:PATH@REV``: from git revision REV of that checkout (:mod:`.checkout_rev`);
@@ -46,7 +46,7 @@ class Implementation:
         validates: it rejects bad input itself (kpool-algorithm.md §9); when ``False`` the
             harness validates for it (``--validate-with kpool``) or reports "not validated".
         interpreter_ok: it can run under ``TRITON_INTERPRET=1`` (CPU).
-        package: the importable package whose ``ops`` kernels :mod:`parity.programs` can
+        package: the importable package whose ``ops`` kernels :mod:`parity.checking.programs` can
             localise (``"kpool"`` or a mutant copy), or ``None``.
         description: one line for ``python -m parity list``.
         supports: the optional modes of :data:`parity.implementations.semantics.MODES` it has
@@ -134,7 +134,7 @@ def _kpool(spec: str, rest: str) -> Implementation:
 
 
 def _mutant(spec: str, rest: str) -> Implementation:
-    from ..mutants import MUTANTS, load_mutant, package_name
+    from .mutants import MUTANTS, load_mutant, package_name
     if rest not in MUTANTS:
         raise KeyError(f"unknown mutant {rest!r}; known: {', '.join(MUTANTS)}")
     return Implementation(spec, load_mutant(rest).forward, package=package_name(rest),

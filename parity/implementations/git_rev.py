@@ -3,7 +3,7 @@
 :func:`load_revision` checks REV out into a temporary ``git worktree add --detach`` (under a temp
 directory, removed again at once: the user's checkout, index and branch are never touched), copies
 that revision's ``kpool`` tree into a separately named package ``kpool_git_<sha12>`` (the package-
-copy machinery of :mod:`parity.mutants`, :func:`parity.mutants.copy_package`) and imports it, so
+copy machinery of :mod:`parity.implementations.mutants`, :func:`parity.implementations.mutants.copy_package`) and imports it, so
 two revisions (and the working tree's ``kpool``) live in one process. ``kpool`` imports itself
 relatively, so the copy is self-contained; the harness code doing the checking stays the caller's.
 
@@ -71,7 +71,7 @@ def load_revision(rev: str, repo: Optional[str] = None, module: str = "indexer")
         ValueError: unknown revision, not a repository, a revision without ``kpool/``;
         ImportError: the revision's kernels do not import.
     """
-    from ..mutants import copy_package
+    from .mutants import copy_package
     top = repository(repo)
     sha = resolve_revision(rev, top)
     pkg = package_name(sha)

@@ -5,15 +5,15 @@ defaults (:class:`parity.implementations.Implementation`).
 * score mode (kpool-algorithm.md §4.2): every case's ``config.score_mode`` is replaced
   (:func:`with_score_mode`), so both sides, the oracle and the public cases' stated values follow
   the implementation's mode;
-* tie policy (parity-contract.md §3.2): handed to :func:`parity.runner.run_case`;
+* tie policy (parity-contract.md §3.2): handed to :func:`parity.running.runner.run_case`;
 * validation outside the operator (kpool-algorithm.md §9, parity-contract.md §5):
   :func:`validated_by` runs :func:`kpool.validation.validate_forward` before the operator, and
   marks what it raises so the bad-input checks say "not validated by the operator";
-* ``--interp-rne``: the forward runs inside :func:`parity.interp_rne.round_to_nearest_even`;
+* ``--interp-rne``: the forward runs inside :func:`parity.implementations.interp_rne.round_to_nearest_even`;
 * declared modes (:data:`MODES`, ``Implementation.supports``): a call that needs a mode the
   implementation does not have raises :class:`UnsupportedModeError` before the operator is asked
   (:func:`gated_by_modes`); the runner reports that step as ``unsupported`` ("unsupported by
-  IMPL", :data:`parity.findings.UNSUPPORTED`), never as a crash or a failure.
+  IMPL", :data:`parity.findings.vocabulary.UNSUPPORTED`), never as a crash or a failure.
 
 Imports no torch at module import (the CLI's ``--help`` reads the choices here).
 """
@@ -171,7 +171,7 @@ class RunSemantics:
 
 
 def from_options(options) -> RunSemantics:
-    """The :class:`RunSemantics` recorded in a :class:`parity.session.RunOptions`."""
+    """The :class:`RunSemantics` recorded in a :class:`parity.sessions.session.RunOptions`."""
     supports = getattr(options, "supports", None)
     return RunSemantics(score_mode=getattr(options, "score_mode", None),
                         tie_policy=getattr(options, "tie_policy", "canonical"),
@@ -259,11 +259,11 @@ def validated_by(forward: Callable) -> Callable:
 
 
 def under_interp_rne(forward: Callable) -> Callable:
-    """``forward`` run inside :func:`parity.interp_rne.round_to_nearest_even` (a no-op outside the
+    """``forward`` run inside :func:`parity.implementations.interp_rne.round_to_nearest_even` (a no-op outside the
     interpreter)."""
     @functools.wraps(forward)
     def rne(**kwargs):
-        from ..interp_rne import round_to_nearest_even
+        from .interp_rne import round_to_nearest_even
         with round_to_nearest_even():
             return forward(**kwargs)
     return rne

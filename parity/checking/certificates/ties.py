@@ -1,0 +1,382 @@
+"""parity-contract.md §3.2: index rows that differ only at a near-tie of the top-k boundary
+(derivation: docs/certificates.md §2 and §4).
+
+Each side's row is judged against the exact float64 scores of its *own* compressed cache
+(kpool-algorithm.md §4.1-§4.2) and the per-pool bound ``b_j`` of
+:func:`parity.checking.certificates.scores.score_bounds`: every conforming fp32 implementation's score
+lies in ``[S_j - b_j, S_j + b_j]``. A row is certified ``tie-equivalent`` when its tail columns,
+padding and ``-1`` slots agree and each side's row is the canonical top-k of *some* scores inside
+those intervals (:func:`valid_top_k`), and on both sides' scores every pool in the symmetric
+difference is within ``b_j + max b`` of the boundary score and every pair the rows rank in
+opposite orders within ``b_a + b_b`` (:func:`_cross_check`).
+
+Tie policies (:data:`TIE_POLICIES`):
+
+* ``canonical`` (the contract's default): exact ties go to the lower pool id. Pools that tie
+  exactly on every backend (:func:`exact_tie_classes`) must keep that order, and exact-data
+  cases get no certificate at all (bitwise).
+* ``any`` (an implementation whose top-k orders exactly equal scores arbitrarily, e.g.
+  ``torch.topk``): the exact-tie order is free; on exact-data cases (every order gives the exact
+  score, :attr:`TieContext.exact_scores`) a row passes when it is a valid top-k of the exact
+  scores with zero tolerance.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from reference.numerics import visible_pools
+
+from .scores import FP32_MAX, ScoreBounds, score_bounds
+
+TIE_POLICIES = ("canonical", "any")
+"""Tie policies of an implementation (module docstring); ``canonical`` is the default."""
+
+
+def check_tie_policy(tie_policy: str) -> str:
+    """``tie_policy`` if it is one of :data:`TIE_POLICIES`.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if tie_policy not in TIE_POLICIES:
+        raise ValueError(f"tie_policy must be one of {TIE_POLICIES}, got {tie_policy!r}")
+    return tie_policy
+
+
+@dataclass
+class TieContext:
+    """What the §3.2 certificate needs for one step (all host or device tensors; read on host).
+
+    Attributes:
+        q: bf16 ``[T, H, D]``; weights: fp32 or bf16 ``[T, H]``.
+        kernel_cache / reference_cache: bf16 ``[N, B, 1, D]`` each side's compressed cache
+            after the step (each row is judged against the scores of its own side's cache).
+        positions, cum_query_lens, seq_lens, block_table: the step's metadata.
+        index_topk, index_kpool: ``K_tok``, ``P``; score_mode: ``"relu"`` or ``"merged"``;
+        pack_tail: the tail layout.
+        exact_scores: the step's data is exact (``Case.values == "exact"``): every summation
+            order gives the exact score, so the bounds are zero. Only the ``any`` tie policy
+            certifies anything with such a context.
+    """
+
+    q: torch.Tensor
+    weights: torch.Tensor
+    kernel_cache: torch.Tensor
+    reference_cache: torch.Tensor
+    positions: torch.Tensor
+    cum_query_lens: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    index_topk: int
+    index_kpool: int
+    score_mode: str = "relu"
+    pack_tail: bool = True
+    exact_scores: bool = False
+    _host: dict = field(default_factory=dict, repr=False)
+
+    def host(self, name: str) -> torch.Tensor:
+        """CPU copy of a tensor field, made once."""
+        if name not in self._host:
+            self._host[name] = getattr(self, name).detach().cpu()
+        return self._host[name]
+
+
+def visible_keys_f64(ctx: TieContext, t: int, cache: torch.Tensor) -> np.ndarray:
+    """float64 ``[v, D]`` pooled keys of row ``t``'s visible pools, ``v = min((p+1)//P,
+    seq_lens[r])``, read through the block table (kpool-algorithm.md §4.1)."""
+    P = ctx.index_kpool
+    cum = [int(c) for c in ctx.host("cum_query_lens").tolist()]
+    r = bisect.bisect_right(cum, t)
+    p = int(ctx.host("positions")[t])
+    v = visible_pools(p, int(ctx.host("seq_lens")[r]), P)
+    N, B, _, D = cache.shape
+    bt = ctx.host("block_table")[r]
+    M = int(bt.shape[0])
+    pages = [min(max(int(bt[min(j // B, M - 1)]), 0), N - 1) for j in range(v)]
+    # The kernel side's cache lives on the device: gather there, compute on the host.
+    return cache[pages, [j % B for j in range(v)], 0].cpu().to(torch.float64).numpy() if v else np.zeros((0, D))
+
+
+def row_scores_f64(ctx: TieContext, t: int, cache: torch.Tensor, *,
+                   keys: Optional[np.ndarray] = None) -> ScoreBounds:
+    """Exact scores and any-order bounds of every visible pool of row ``t`` (kpool-algorithm.md
+    §4.1-§4.2; docs/certificates.md §2), zero bounds under :attr:`TieContext.exact_scores`.
+
+    Args:
+        keys: the row's :func:`visible_keys_f64` when the caller already gathered them.
+    Returns:
+        :class:`parity.checking.certificates.scores.ScoreBounds` over the ``v`` visible pools.
+    """
+    c = visible_keys_f64(ctx, t, cache) if keys is None else keys
+    q = ctx.host("q")[t].to(torch.float64).numpy()                    # [H, D]
+    w = ctx.host("weights")[t].to(torch.float64).numpy()              # [H]
+    sb = score_bounds(q, w, c, ctx.score_mode)
+    if ctx.exact_scores:
+        sb.bounds = np.zeros_like(sb.bounds)
+    return sb
+
+
+def parse_row(row: Sequence[int], tail: Sequence[bool], *, index_topk: int, index_kpool: int):
+    """The selection encoded in one index row's history columns (kpool-algorithm.md §4.5 step 1).
+
+    Args:
+        row: the ``W`` ints of a row; tail: bool per column, True for the row's tail columns.
+
+    Returns:
+        ``(pools, valid)``: ``pools`` lists the pool id of each slot (``-1`` for an empty slot)
+        and ``valid`` says whether the history columns are well formed (each slot the full
+        expansion ``pool * P + c % P`` of one pool, or all ``-1``; pools distinct; empty slots
+        only after the filled ones).
+    """
+    P, K = index_kpool, index_topk
+    pools: List[int] = []
+    ok = True
+    for s in range(K // P):
+        cols = [c for c in range(s * P, (s + 1) * P) if not tail[c]]
+        vals = [int(row[c]) for c in cols]
+        if not vals or all(v == -1 for v in vals):
+            pools.append(-1)
+            continue
+        pool = vals[0] // P if vals[0] >= 0 else -1
+        if pool < 0 or any(v != pool * P + c % P for v, c in zip(vals, cols)):
+            ok = False
+            pools.append(-2)
+            continue
+        pools.append(pool)
+    filled = [p for p in pools if p >= 0]
+    if len(set(filled)) != len(filled):
+        ok = False
+    first_empty = next((i for i, p in enumerate(pools) if p < 0), len(pools))
+    if any(p >= 0 for p in pools[first_empty:]):
+        ok = False
+    return pools, ok
+
+
+def exact_tie_classes(ctx: TieContext, keys: np.ndarray, sb: ScoreBounds) -> list:
+    """One hashable class per visible pool (``keys``: its :func:`visible_keys_f64`, ``sb``: its
+    :func:`row_scores_f64`): pools of one class score bitwise alike on every backend, so under
+    the ``canonical`` policy their order is fixed (lower id first, parity-contract.md §2).
+
+    Two sources: bitwise-identical keys (the score of a pool is a function of the bits of
+    ``q_t``, ``w_t`` and its key only), and in relu mode (kpool-algorithm.md §4.2 (R)) every
+    head's dot at or below minus its bound (``sb.provably_zero``), so every backend's score is 0.
+    """
+    return [("relu-zero",) if z else ("key", keys[j].tobytes())
+            for j, z in enumerate(sb.provably_zero.tolist())]
+
+
+def _exact_tie_order(sel: List[int], scores: np.ndarray, classes: list) -> Optional[str]:
+    """None unless two visible pools of one :func:`exact_tie_classes` class break their tie
+    toward the higher pool id: the lower id comes first, and a higher id is never selected while
+    the lower one is left out."""
+    rank = {p: i for i, p in enumerate(sel)}
+    groups: dict = {}
+    for j, cls in enumerate(classes):
+        if np.isfinite(scores[j]):
+            groups.setdefault(cls, []).append(j)
+    for cls, ids in groups.items():
+        for a, b in zip(ids, ids[1:]):         # a < b, one exact-tie class
+            if b in rank and (a not in rank or rank[a] > rank[b]):
+                where = "left out" if a not in rank else "ranked below it"
+                why = "a provably zero score" if cls == ("relu-zero",) else "the identical key"
+                return (f"pool {b} selected while pool {a} with {why} is {where} "
+                        "(exact ties go to the lower id)")
+    return None
+
+
+def _effective(sb: ScoreBounds):
+    """``(scores, bounds)`` with the derived rules of docs/certificates.md §2.4 applied: a pool
+    ``+inf`` in every order scores exactly :data:`FP32_MAX` (bound 0), one ``-inf`` or NaN in every
+    order ``-inf`` (never selectable). Free pools (overflow in some order) keep their exact score;
+    the callers give them the whole real line."""
+    scores, bounds = sb.scores.copy(), sb.bounds.copy()
+    scores[sb.saturated], bounds[sb.saturated] = FP32_MAX, 0.0
+    scores[sb.dead | sb.nan], bounds[sb.dead | sb.nan] = -np.inf, 0.0
+    return scores, bounds
+
+
+def _nan_selected(pools: List[int], sb: ScoreBounds) -> Optional[str]:
+    """Why a row is wrong when it selects a pool whose score is NaN in every order, else None."""
+    bad = [p for p in pools if 0 <= p < sb.nan.shape[0] and sb.nan[p]]
+    if bad:
+        return (f"pool {bad[0]} is selected although its score is NaN in every summation order "
+                "(sanitized to LOWEST: never selectable)")
+    return None
+
+
+def valid_top_k(pools: List[int], sb: ScoreBounds, classes: Optional[list] = None) -> Optional[str]:
+    """None if ``pools`` (a row's slots in rank order, ``-1`` empty) is the top-k, in descending
+    order, of some scores ``s_j`` in ``[S_j - b_j, S_j + b_j]`` (docs/certificates.md §4.1),
+    else why not. With ``classes`` (``canonical`` policy), pools of one exact-tie class must
+    also keep the lower id first.
+
+    Such scores exist iff every pool ranked (or selected) before another may score at least as
+    much: ``S_b - b_b <= min over earlier a of (S_a + b_a)``, and no unselected valid pool's
+    lower end exceeds the smallest upper end of the selection (a greedy choice of decreasing
+    values then fits every interval). A free pool (``sb.free``: overflows in some order, §2.4)
+    may score anything, LOWEST included: it may be selected at any rank or left out.
+    """
+    scores, bounds = _effective(sb)
+    free = sb.free
+    v = scores.shape[0]
+    sel = [p for p in pools if p >= 0]
+    if any(p >= v for p in sel):
+        return f"pool {max(sel)} is not visible ({v} visible pools)"
+    why = _nan_selected(sel, sb)
+    if why:
+        return why
+    if any(not np.isfinite(scores[p]) and not free[p] for p in sel):
+        return "a selected pool has no finite score"
+    definite = np.isfinite(scores) & ~free
+    selectable = int(definite.sum())
+    if len(sel) < min(len(pools), selectable):
+        return f"{len(sel)} pools selected, {selectable} selectable"
+    if len(sel) < len(pools):
+        left = np.setdiff1d(np.flatnonzero(definite), np.asarray(sel, dtype=np.int64))
+        if left.size:
+            return f"pool {int(left[0])} is selectable but left out while a slot is empty"
+    upper, top = np.inf, None                   # smallest S_a + b_a over the pools ranked so far
+    for b in sel:
+        if free[b]:
+            continue
+        if top is not None and scores[b] - bounds[b] > upper:
+            return (f"pool {top} ranked above pool {b} although {scores[b] - scores[top]:.3g} lower "
+                    f"(bounds {bounds[top]:.3g} + {bounds[b]:.3g})")
+        if scores[b] + bounds[b] < upper:
+            upper, top = scores[b] + bounds[b], b
+    rest = np.setdiff1d(np.flatnonzero(definite), np.asarray(sel, dtype=np.int64))
+    if top is not None and rest.size:
+        best = int(rest[np.argmax(scores[rest] - bounds[rest])])
+        if scores[best] - bounds[best] > upper:
+            return (f"unselected pool {best} scores {scores[best] - scores[top]:.3g} above selected pool {top} "
+                    f"(bounds {bounds[best]:.3g} + {bounds[top]:.3g})")
+    return _exact_tie_order(sel, scores, classes) if classes is not None else None
+
+
+def _cross_check(sel_k: List[int], sel_r: List[int], K_pool: int, sb: ScoreBounds) -> Optional[str]:
+    """The conditions between the two rows, on one side's scores (docs/certificates.md §4.2):
+    every pool in the symmetric difference of the selections is within ``b_p + max b`` of the
+    boundary score (the ``K_pool``-th largest exact score, parity-contract.md §3.2), and every
+    two pools the rows rank in opposite orders are within ``b_a + b_b`` of each other. Both
+    follow from :func:`valid_top_k` of both rows when the two caches agree; when they differ
+    (a certified rounding boundary, or a cache fault) they are what ties the rows together."""
+    scores, bounds = _effective(sb)
+    free = sb.free
+    finite = np.isfinite(scores) & ~free
+    if not finite.any():
+        return None
+    v = scores.shape[0]
+    ranked = np.sort(scores[finite])[::-1]
+    # free pools (§2.4) may take up to that many slots above the boundary: a band of boundaries
+    last = min(K_pool, ranked.size) - 1
+    low, high = ranked[last], ranked[max(last - int(free.sum()), 0)]
+    b_max = float(bounds[finite].max())
+    for p in sorted(set(sel_k) ^ set(sel_r)):
+        if p >= v or free[p]:
+            continue
+        off = max(low - scores[p], scores[p] - high, 0.0)
+        if off > bounds[p] + b_max:
+            return (f"pool {p} is {off:.3g} from the boundary score {low:.6g}, "
+                    f"beyond the accumulation bound {bounds[p] + b_max:.3g}")
+    rank_r = {p: i for i, p in enumerate(sel_r)}
+    common = np.array([p for p in sel_k if p in rank_r and p < v and not free[p]], dtype=np.int64)  # kernel order
+    if common.size > 1:
+        rr = np.array([rank_r[p] for p in common])
+        swapped = np.triu(rr[:, None] > rr[None, :], k=1)            # a before b in kernel, after in reference
+        gap = np.abs(scores[common][:, None] - scores[common][None, :])
+        tol = bounds[common][:, None] + bounds[common][None, :]
+        bad = np.argwhere(swapped & (gap > tol))
+        if bad.size:
+            a, b = (int(common[i]) for i in bad[0])
+            return (f"pools {a} and {b} are ranked in opposite orders but differ by "
+                    f"{abs(scores[a] - scores[b]):.3g} (bounds {bounds[a]:.3g} + {bounds[b]:.3g})")
+    return None
+
+
+def certify_tie_row(ctx: TieContext, t: int, kernel_row: Sequence[int], reference_row: Sequence[int],
+                    tail: Sequence[bool], tie_policy: str = "canonical") -> Tuple[bool, str]:
+    """parity-contract.md §3.2 for one live row whose tail columns already agree.
+
+    Conditions (each side's scores come from its own compressed cache): both rows well formed
+    (:func:`parse_row`); the same empty (``-1``) slots; no visible pool whose score no bound
+    covers; each row a valid top-k for its own scores (:func:`valid_top_k`, with the exact-tie
+    order under ``canonical``); on both sides' scores, every pool in the symmetric difference
+    near the boundary score and every pair ranked in opposite orders within its bounds
+    (:func:`_cross_check`).
+
+    Args:
+        tie_policy: ``"canonical"`` or ``"any"`` (:data:`TIE_POLICIES`).
+
+    Returns:
+        ``(certified, reason)``; ``reason`` is empty when certified, else the failed condition.
+    """
+    if ctx.exact_scores and tie_policy == "canonical":
+        return False, "exact-data case: no certificate applies (ties=canonical)"
+    kp, k_ok = parse_row(kernel_row, tail, index_topk=ctx.index_topk, index_kpool=ctx.index_kpool)
+    rp, r_ok = parse_row(reference_row, tail, index_topk=ctx.index_topk, index_kpool=ctx.index_kpool)
+    if not (k_ok and r_ok):
+        return False, f"{'kernel' if not k_ok else 'reference'} row is not a well-formed selection"
+    sel_k, sel_r = [p for p in kp if p >= 0], [p for p in rp if p >= 0]
+    seen: dict = {}                             # both caches usually hold the same visible keys
+    sides = []
+    for name, pools, cache in (("kernel", kp, ctx.kernel_cache), ("reference", rp, ctx.reference_cache)):
+        keys = visible_keys_f64(ctx, t, cache)
+        sb = seen.get(keys.tobytes())
+        if sb is None:
+            sb = seen[keys.tobytes()] = row_scores_f64(ctx, t, cache, keys=keys)
+        why = _nan_selected(pools, sb)
+        if why:
+            return False, f"{name} row: {why}"
+        sides.append((name, pools, keys, sb))
+    for name, _pools, _keys, sb in sides:
+        if sb.uncertain.any():
+            return False, (f"{name} side: pool {int(np.flatnonzero(sb.uncertain)[0])} has an infinite key or "
+                           "a magnitude near fp32 overflow: no bound covers its score")
+    # a free pool (§2.4) may be left out on one side only: the -1 slots may then differ
+    if not any(sb.free.any() for *_, sb in sides) and [p < 0 for p in kp] != [p < 0 for p in rp]:
+        return False, "the -1 slots differ"
+    for name, pools, keys, sb in sides:
+        classes = exact_tie_classes(ctx, keys, sb) if tie_policy == "canonical" else None
+        why = valid_top_k(pools, sb, classes) or _cross_check(sel_k, sel_r, len(kp), sb)
+        if why:
+            return False, f"{name} row: {why}"
+    return True, ""
+
+
+def certify_ties(kernel_rows: torch.Tensor, reference_rows: torch.Tensor, rows: torch.Tensor,
+                 context: Optional[TieContext], tail: Optional[torch.Tensor] = None,
+                 tie_policy: str = "canonical"):
+    """parity-contract.md §3.2 for each of ``rows``.
+
+    Args:
+        kernel_rows / reference_rows: int32 ``[T, W]`` (CPU).
+        rows: int64 ``[n]`` live rows whose history columns differ and whose tail and padding
+            columns agree (the caller excludes the others).
+        context: :class:`TieContext`, or ``None`` (certify nothing).
+        tail: bool ``[T, W]`` tail-column mask (:func:`parity.checking.compare.tail_column_mask`).
+        tie_policy: ``"canonical"`` (default) or ``"any"`` (:data:`TIE_POLICIES`).
+
+    Returns:
+        ``(certified bool [n], reasons list of n str)``.
+
+    Raises:
+        ValueError: unknown ``tie_policy``.
+    """
+    check_tie_policy(tie_policy)
+    n = int(rows.shape[0])
+    cert = torch.zeros(n, dtype=torch.bool)
+    if context is None:
+        return cert, ["exact-data case: no certificate applies"] * n
+    reasons = []
+    for i, t in enumerate(rows.tolist()):
+        tail_row = tail[t].tolist() if tail is not None else [False] * kernel_rows.shape[1]
+        ok, why = certify_tie_row(context, int(t), kernel_rows[t].tolist(), reference_rows[t].tolist(), tail_row,
+                                  tie_policy)
+        cert[i] = ok
+        reasons.append(why)
+    return cert, reasons

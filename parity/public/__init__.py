@@ -1,5 +1,0 @@
-"""The harness side of the public failure cases (:mod:`cases.public` holds the cases and their
-record-reading checks): :mod:`.runner` runs a case with recording forwards and evaluates its
-checks, :mod:`.reference_checks` and :mod:`.kernel_checks` hold the stated values that need
-the reference or direct kernel calls, :mod:`.suite` is ``python -m parity run --suite public``.
-"""
