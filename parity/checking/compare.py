@@ -35,6 +35,8 @@ import torch
 from cases.bits import bits, same_bits
 from reference.numerics import tail_start
 
+# The tests' assertion lives in .bitwise; callers use it through here too.
+from .bitwise import assert_bitwise_equal, bitwise_mismatch
 from .certificates import certify_rounding_boundaries, certify_ties, check_tie_policy
 # The findings vocabulary lives in parity.findings.vocabulary; comparators' callers use it through here too.
 from ..findings.vocabulary import (FINDING_COLUMNS, LOCATION_COLUMNS, PASS_VERDICTS, TEXT_LOCATION_COLUMNS, VERDICTS,
@@ -346,66 +348,3 @@ def compare_errors(kernel_exc: Optional[BaseException], reference_exc: Optional[
                                                    f"{getattr(kernel_exc, 'rule', None)!r}; {both}")]
     return [finding(output, "exact", detail=f"kernel {type(kernel_exc).__name__}, "
                                             f"reference {type(reference_exc).__name__}")]
-
-
-# --------------------------------------------------------------------------- tests' assertion
-
-def _value_text(b: int, floating: bool, hex_width: int) -> str:
-    """An element for a message: integers as values, floats as their bit pattern."""
-    return f"0x{b & ((1 << (4 * hex_width)) - 1):0{hex_width}X}" if floating else str(b)
-
-
-def bitwise_mismatch(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor], *, name: str = "tensor",
-                     dims: Optional[Sequence[str]] = None) -> Optional[str]:
-    """Why ``actual`` and ``expected`` do not hold the same bits, or ``None`` when they do
-    (:func:`assert_bitwise_equal` raises with this message).
-
-    Args:
-        actual / expected: tensors of any dtype and device (compared on the CPU), or ``None``.
-        name: what is compared, first word of the message.
-        dims: a name per dimension for the location (``("page", "row", None, "ch")``: ``None``
-            leaves a dimension out); default ``index=(i, j, ...)``.
-    Returns:
-        ``None``, or e.g. ``"compressed: 3/2048 differ, first page=2 row=1 ch=9: 0x3F80 vs
-        0x3F81"`` (floats as bit patterns, integers as values; shape or dtype differences said
-        as such).
-    """
-    if actual is None or expected is None:
-        if actual is None and expected is None:
-            return None
-        return f"{name}: {'actual' if actual is None else 'expected'} is None"
-    if actual.dtype != expected.dtype or actual.shape != expected.shape:
-        return (f"{name}: actual {actual.dtype}{list(actual.shape)} vs expected "
-                f"{expected.dtype}{list(expected.shape)}")
-    a, e = bits(actual.detach().cpu()), bits(expected.detach().cpu())
-    diff = a != e
-    n = int(diff.sum())
-    if n == 0:
-        return None
-    first = diff.nonzero()[0].tolist()
-    if dims is None:
-        where = f"index={tuple(first)}"
-    else:
-        where = " ".join(f"{d}={i}" for d, i in zip(dims, first) if d is not None)
-    floating = actual.dtype.is_floating_point
-    width = 2 * actual.element_size()
-    at = tuple(first)
-    return (f"{name}: {n}/{diff.numel()} differ, first {where}: "
-            f"{_value_text(int(a[at]), floating, width)} vs {_value_text(int(e[at]), floating, width)}")
-
-
-def assert_bitwise_equal(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor], *,
-                         name: str = "tensor", dims: Optional[Sequence[str]] = None) -> None:
-    """Assert that two tensors hold the same bits (same shape, dtype, every element's bit
-    pattern: NaN payloads and ``-0.0`` count), in the style of ``torch.testing``'s messages.
-
-    Args:
-        actual / expected: tensors (any device) or ``None`` (equal only to ``None``).
-        name: what is compared (the message's first word). dims: per-dimension names for the
-            location (see :func:`bitwise_mismatch`).
-    Raises:
-        AssertionError: ``"<name>: 3/2048 differ, first page=2 row=1 ch=9: 0x3F80 vs 0x3F81"``.
-    """
-    message = bitwise_mismatch(actual, expected, name=name, dims=dims)
-    if message is not None:
-        raise AssertionError(message)
