@@ -1,5 +1,11 @@
 """Implementations of the KPool forward that the harness can name (``--kernel SPEC``).
 
+Stage 2 of ``parity/`` (docs/design.md "Layout"): the forwards under test and how one is called:
+the kinds below and their declared semantics (:mod:`.semantics`, interpreter round-to-nearest-even
+:mod:`.interp_rne`), planted-fault copies of ``kpool`` (:mod:`.mutants`), calling a forward on a
+device (:mod:`.forwards`) and recording its calls (:mod:`.recording`). May import the findings
+folder only.
+
 An :class:`Implementation` is a forward with ``kpool.indexer.forward``'s signature plus what the
 harness must know about its semantics to judge it fairly (parity-contract.md §1-§5): the score
 mode it computes, its top-k tie policy, whether it validates its own input, whether it can run

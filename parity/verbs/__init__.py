@@ -1,0 +1,7 @@
+"""Stage 9 of ``parity/`` (docs/design.md "Layout"): the commands beyond ``run`` / ``record``, each
+built on the stages below: ``ab``, ``golden``, ``bisect`` (:mod:`.ab`, :mod:`.golden`,
+:mod:`.bisect`), ``replay`` (:mod:`.replay`), ``merge`` of shard reports (:mod:`.merge`),
+``selftest`` and its planted-fault catalog (:mod:`.selftest`, :mod:`.faults`), growing the corpus
+(:mod:`.grow`) and a throwaway clone with a planted kernel commit (:mod:`.planted_history`). May
+import the folders of stages 1-8; no folder imports it (the CLI and the API at the package root do).
+"""
