@@ -10,8 +10,13 @@ moment the function does). Allowed edges between the packages:
 * ``reference`` -> nothing of ours
 * ``kpool``     -> ``kpool`` only
 
-and no cycle between modules. The checker itself is tested on a planted tree (a forbidden edge,
-a lazy cycle), so a checker that finds nothing cannot pass.
+and no cycle between modules. Inside ``parity`` the stage folders (docs/design.md "Layout") go
+one way too: a folder imports only the folders before it in :data:`STAGES` (and ``cases``,
+``kpool``, ``reference``); the package root (``python -m parity``, the CLI, the public API, the
+pytest plugin: :data:`ROOT_MODULES`) may import every folder and no folder imports the root; every
+other module sits in a stage folder, and none is over :data:`MAX_LINES` lines. The checker itself
+is tested on planted trees (a forbidden edge, a lazy cycle, an upward folder edge, a stray root
+module), so a checker that finds nothing cannot pass.
 """
 from __future__ import annotations
 
@@ -25,6 +30,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("kpool", "reference", "cases", "parity")
 CASES_MAY_IMPORT = ("kpool.config", "kpool.metadata", "kpool.errors")
+
+STAGES = ("findings", "implementations", "checking", "running", "oracles", "reporting", "sessions",
+          "selection", "verbs", "bench")
+"""The folders of ``parity/``, bottom first: each may import only the ones before it."""
+ROOT_MODULES = ("parity", "parity.__main__", "parity.cli", "parity.api", "parity.pytest_plugin")
+"""The modules at the root of ``parity/`` (users type or import these names)."""
+MAX_LINES = 400
+"""Small modules (the project's standard): no module of ``parity`` is longer."""
 
 TEMPORARY_EDGES: Dict[Tuple[str, str], str] = {}
 """Edges against the rules, each with the reason it still exists."""
@@ -92,6 +105,44 @@ def _allowed(src: str, dst: str) -> bool:
     return False            # reference and kpool import nothing outside themselves
 
 
+def stage_of(module: str) -> str:
+    """The stage folder of a ``parity`` module, ``"root"`` for the package root, else ``""``
+    (a module outside ``parity``)."""
+    parts = module.split(".")
+    if parts[0] != "parity":
+        return ""
+    return "root" if module in ROOT_MODULES else parts[1]
+
+
+def stage_violations(root: Path, modules, edges) -> List[str]:
+    """``"src -> dst (file:line)"`` of every edge between ``parity``'s folders against
+    :data:`STAGES` (a folder reaching a later one or the root), and ``"src: not in a stage folder"``
+    for a module outside both the folders and :data:`ROOT_MODULES`."""
+    out = [f"{m}: not in a stage folder" for m in sorted(modules)
+           if stage_of(m) not in ("", "root") + STAGES]
+    for src, targets in sorted(edges.items()):
+        s = stage_of(src)
+        if s not in STAGES:
+            continue
+        for dst, line in sorted(targets.items()):
+            d = stage_of(dst)
+            if d in ("", s) or dst == "parity":
+                continue
+            if d not in STAGES or STAGES.index(d) > STAGES.index(s):
+                out.append(f"{src} -> {dst} ({modules[src].relative_to(root)}:{line})")
+    return out
+
+
+def long_modules(modules, limit: int = MAX_LINES) -> List[str]:
+    """``"module: N lines"`` of every ``parity`` module over ``limit`` lines."""
+    out = []
+    for mod, path in sorted(modules.items()):
+        n = len(path.read_text().splitlines())
+        if mod.split(".")[0] == "parity" and n > limit:
+            out.append(f"{mod}: {n} lines")
+    return out
+
+
 def direction_violations(root: Path, modules, edges) -> List[str]:
     """``"src -> dst (file:line)"`` of every edge the rules refuse."""
     out = []
@@ -155,6 +206,28 @@ def test_no_import_cycles():
     assert not found, "import cycles (lazy imports count):\n" + "\n".join(" <-> ".join(sorted(c)) for c in found)
 
 
+def test_stage_folders_go_one_way():
+    modules = module_files(REPO)
+    bad = stage_violations(REPO, modules, import_edges(modules))
+    assert not bad, "imports against parity's stage order (docs/design.md \"Layout\"):\n" + "\n".join(bad)
+
+
+def test_every_stage_folder_exists_and_says_what_it_may_import():
+    """Each folder of :data:`STAGES` is a package whose ``__init__`` docstring names its stage
+    (so the order here and the folders' own words cannot drift apart unnoticed)."""
+    for i, stage in enumerate(STAGES, 1):
+        init = REPO / "parity" / stage / "__init__.py"
+        assert init.is_file(), f"parity/{stage}/ has no __init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert f"Stage {i} of" in doc and "import" in doc, \
+            f"parity/{stage}/__init__.py: the docstring must say 'Stage {i} of' and what it may import"
+
+
+def test_no_module_over_the_line_limit():
+    long = long_modules(module_files(REPO))
+    assert not long, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(long)
+
+
 def test_temporary_exceptions_still_exist():
     """Each allow-listed edge and cycle is still there (remove it from the list once it is gone)."""
     modules = module_files(REPO)
@@ -197,3 +270,33 @@ def test_checker_finds_a_planted_lazy_cycle(tmp_path):
                       "parity/cli.py": "from .report import f\n"})
     _, found = _layout(tmp_path)
     assert found == [{"parity.bundle", "parity.report", "parity.session"}]
+
+
+
+@pytest.mark.parametrize("files, bad", [
+    ({"parity/checking/compare.py": "def f():\n    from ..running.runner import run_case\n",
+      "parity/running/runner.py": "from ..checking import compare\n"},
+     ["parity.checking.compare -> parity.running.runner"]),
+    ({"parity/findings/results.py": "from parity import cli\n", "parity/cli.py": ""},
+     ["parity.findings.results -> parity.cli"]),
+    ({"parity/stray.py": "", "parity/verbs/ab.py": "from ..checking.compare import f\n",
+      "parity/checking/compare.py": ""},
+     ["parity.stray: not in a stage folder"]),
+    ({"parity/cli.py": "from .verbs import ab\n", "parity/verbs/ab.py": "from ..bench import kernels\n",
+      "parity/bench/kernels.py": ""}, ["parity.verbs.ab -> parity.bench.kernels"]),
+])
+def test_checker_finds_a_planted_stage_violation(tmp_path, files, bad):
+    _plant(tmp_path, files)
+    for rel in files:
+        for parent in (tmp_path / rel).parents:
+            if parent != tmp_path and parent.name != "parity" and parent.parent.name == "parity":
+                (parent / "__init__.py").touch()
+    modules = module_files(tmp_path)
+    found = stage_violations(tmp_path, modules, import_edges(modules))
+    assert [f.split(" (")[0] for f in found] == bad
+
+
+def test_checker_finds_a_planted_long_module(tmp_path):
+    _plant(tmp_path, {"parity/checking/compare.py": "x = 1\n" * (MAX_LINES + 1),
+                      "parity/checking/sentinel.py": "x = 1\n" * MAX_LINES})
+    assert long_modules(module_files(tmp_path)) == [f"parity.checking.compare: {MAX_LINES + 1} lines"]
