@@ -323,3 +323,28 @@ def test_cli_fails_on_a_planted_fault_in_a_standin(tmp_path):
     out = _cli("run", "--kernel", f"vllm-ascend:{path}", "--suite", "seed", "--size", "small", "--case",
                "decode-tail", "--report", str(tmp_path / "r"))
     assert out.returncode == 1, out.stdout[-3000:]
+
+
+def test_the_adapter_hands_the_operators_contiguous_1d_metadata():
+    """§4.6 gives the operators' positions / lengths as plain [T] / [R] tensors (only the block
+    table has "any strides"), and the public revisions read them with unit stride: the adapter,
+    as a vLLM caller does, hands them contiguous even when the harness draws them strided."""
+    import dataclasses
+    import functools
+
+    from parity.implementations.semantics import resolve_semantics
+    from parity.implementations.vllm_ascend import load_operators, make_forward
+    ops = load_operators(STANDIN["state"])
+    seen = []
+
+    @functools.wraps(ops.indexer)
+    def indexer(*args, **kwargs):          # (q, cache, weights, cum_query_lens, seq_lens, block_table, positions)
+        seen.append([args[i].is_contiguous() for i in (3, 4, 6)])
+        return ops.indexer(*args, **kwargs)
+    impl = resolve(f"vllm-ascend:{STANDIN['state']}")
+    impl = dataclasses.replace(impl, forward=make_forward(dataclasses.replace(ops, indexer=indexer)))
+    sem = resolve_semantics(impl)
+    res = run_case(sem.case(_seed("strided-layouts")), device=DEVICE, kernel_forward=sem.forward(impl.forward),
+                   tie_policy=sem.tie_policy)
+    assert res.ok, res.failures.to_string()
+    assert seen and all(all(flags) for flags in seen)

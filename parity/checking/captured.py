@@ -27,7 +27,7 @@ from typing import Callable, List, Optional
 import torch
 
 from . import compare as cmp
-from .relation_base import OUTPUT_PREFIX, KernelRun, build_meta, compare_runs, is_plain, relation_kwargs
+from .relation_base import OUTPUT_PREFIX, KernelRun, build_meta, compare_runs, is_plain, is_unsupported, relation_kwargs
 
 NAME = "captured-replay"
 
@@ -180,6 +180,8 @@ def captured_replay(state, next_state, *, device, kernel_forward: Callable) -> L
         captured = _replays(case, steps, ape, state.caches, metas, inputs, kernel_forward, dev, T, W)
         fresh = _fresh(case, steps, ape, state.caches, metas, inputs, kernel_forward, dev, T, W)
     except Exception as exc:
+        if is_unsupported(exc):   # a serving graph writes a caller output buffer: a mode it may lack
+            return [cmp.finding(OUTPUT_PREFIX + NAME, "unsupported", 0, detail=f"{what}: {exc}")]
         return [cmp.crash_finding("kernel", exc, output=OUTPUT_PREFIX + NAME)]
     rows = []
     for i, (st, meta, step) in enumerate(((state, metas[0], steps[0]), (next_state, metas[1], steps[1]))):

@@ -274,6 +274,11 @@ def make_forward(ops: Operators, rev: Optional[Revision] = None) -> Callable:
         if compute_topk and score_mode != "merged":
             raise KPoolUnsupportedError(f"vllm-ascend scores with the head-merged query only (score_mode='merged', "
                                         f"kpool-algorithm.md §4.2); got {score_mode!r}: run with --score-mode merged")
+        # §4.6 gives the operators' 1-D metadata as plain [R] / [T] tensors (only the block table
+        # has "any strides"): a vLLM caller hands them contiguous, so the adapter does too
+        positions, cum_query_lens, raw_seq_lens, seq_lens, slot_mapping, tail_slot_mapping = (
+            None if t is None else t.contiguous()
+            for t in (positions, cum_query_lens, raw_seq_lens, seq_lens, slot_mapping, tail_slot_mapping))
         needs = {"no-tail": not always_select_tail, "output-buffer": output_buffer is not None and compute_topk}
         missing = sorted(m for m, needed in needs.items() if needed and m not in rev.supports)
         if missing:
