@@ -64,6 +64,10 @@ def test_assert_parity_names_the_fault_and_its_replay(device, tmp_path):
     assert not failure.outcome.ok and (failure.outcome.failures["verdict"] == "wrong-tail").any()
 
 
+def _seed_count(device) -> int:
+    return len(api.list_cases("seed", "small", device=device))
+
+
 def _pytest(tmp_path, *args):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "parity.pytest_plugin", "-p", "no:cacheprovider",
@@ -75,7 +79,7 @@ def test_plugin_collects_the_cases_as_items(tmp_path, device):
     done = _pytest(tmp_path, "--kpool-kernel", "kpool", "--kpool-device", device, "-k", "cache-only or decode-tail",
                    "--junitxml", str(tmp_path / "junit.xml"))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 passed, 8 deselected" in done.stdout
+    assert f"2 passed, {_seed_count(device) - 2} deselected" in done.stdout
     junit = (tmp_path / "junit.xml").read_text()       # JUnit spells the id's slashes as dots
     for name in ("decode-tail", "cache-only"):
         assert re.search(rf'name="kpool\[seed[./]{name}[./]small\]"', junit), junit
@@ -98,7 +102,7 @@ def test_three_line_test_file_in_another_repository(tmp_path, device):
         f"test_kpool_parity = parity_test('mutant:tail-wrong-column', suite='seed', size='small', device='{device}')\n")
     done = _pytest(tmp_path, "-k", "decode-tail")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "1 failed, 9 deselected" in done.stdout
+    assert f"1 failed, {_seed_count(device) - 1} deselected" in done.stdout
     assert "test_kpool_parity[seed/decode-tail/small]" in done.stdout
 
 
