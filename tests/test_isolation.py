@@ -90,3 +90,23 @@ def test_public_and_generated_runs_survive_a_segfault():
     assert crashed.case_id.startswith("C07:") and list(crashed.findings["verdict"]) == ["crash"]
     assert "SIGSEGV" in crashed.findings["detail"].iloc[0]
     assert gen.failure_kind == "crash" and "SIGSEGV" in str(gen.error)
+
+
+def test_an_isolated_case_keeps_the_implementations_bitwise_claim(monkeypatch):
+    """A vendor operator claims no output bitwise (its cache gets the rounding certificate): the
+    child worker must run the case with that claim, not kpool's default."""
+    import multiprocessing
+
+    from parity.implementations.semantics import RunSemantics
+    from parity.running import isolation, runner
+    seen = {}
+
+    def fake_run_case(case, **kwargs):
+        seen.update(kwargs)
+        raise LookupError("stop after the call")
+    monkeypatch.setattr(runner, "run_case", fake_run_case)
+    monkeypatch.setitem(isolation._CHILD, "step", multiprocessing.Value("i", 0))
+    with pytest.raises(LookupError):
+        isolation._case_task(None, RunSemantics("merged", "any", "kpool", False, bitwise_outputs=()), "cpu",
+                             object(), {}, ())
+    assert seen["bitwise_outputs"] == ()

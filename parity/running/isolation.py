@@ -140,8 +140,10 @@ def _case_task(forward, semantics, device, case, run_kwargs, relations):
     def on_step(_case, i, _step):
         _CHILD["step"].value = i + 1      # the step that runs next
     _CHILD["step"].value = 0
+    # the outputs the implementation claims bitwise travel with its semantics (none for a vendor's)
+    kwargs = {"bitwise_outputs": getattr(semantics, "bitwise_outputs", None), **run_kwargs}
     res = run_case(case, device=device, kernel_forward=forward, tie_policy=semantics.tie_policy, on_step=on_step,
-                   **run_kwargs)
+                   **kwargs)
     for names, steps in relations:
         from ..checking.metamorphic import run_relations
         extra = run_relations(case, names, device=device, kernel_forward=forward, steps=steps)
