@@ -303,3 +303,21 @@ def test_bits_views_every_float_width_without_copying():
     assert bits(torch.tensor([1.0])).item() == 0x3F800000
     ints = torch.arange(3)
     assert bits(ints) is ints
+
+
+def test_a_nan_payload_is_certified_only_without_a_bitwise_claim(monkeypatch):
+    """A vendor kernel compiled on CUDA writes a NaN pooled key as 0x7FFF where the reference
+    writes 0x7FC0: both NaN. With certificates on and no bitwise claim the payload is certified
+    (IEEE 754 leaves it open); claimed bitwise (kpool) or exact data, it is a cache-mismatch."""
+    import parity.checking.compare as compare_module
+    monkeypatch.setattr(compare_module, "certify_rounding_boundaries",
+                        lambda a, b, d, context: (torch.zeros_like(d), "no boundary"))
+    ref = torch.zeros(1, 4, 1, 8, dtype=torch.bfloat16)
+    ker = ref.clone()
+    ref.view(torch.int16)[0, 2, 0, 4], ker.view(torch.int16)[0, 2, 0, 4] = 0x7FC0, 0x7FFF
+    ker.view(torch.int16)[0, 1, 0, 1] = 0x3F80                       # a real difference stays one
+    certified = compare_module.compare_compressed(ker, ref, context=object())
+    assert {f["verdict"]: f["mismatches"] for f in certified} == {"rounding-boundary": 1, "cache-mismatch": 1}
+    for kwargs in (dict(context=object(), claimed_bitwise=True), dict(context=None)):
+        found = compare_module.compare_compressed(ker, ref, **kwargs)
+        assert {f["verdict"]: f["mismatches"] for f in found} == {"cache-mismatch": 2}

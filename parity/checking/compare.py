@@ -253,7 +253,9 @@ def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor
             certificate, and every mismatch says so.
 
     Returns findings ``exact``, ``rounding-boundary`` (certified elements, parity-contract.md
-    §3.1), ``cache-mismatch`` / ``nan-introduced`` (first at page, page_row, channel).
+    §3.1; with certificates on and no bitwise claim, also a NaN whose payload differs: IEEE 754
+    leaves an operation's NaN payload open, docs/certificates.md §2.4), ``cache-mismatch`` /
+    ``nan-introduced`` (first at page, page_row, channel).
     Raises:
         ValueError: shapes or dtypes differ (a harness bug: both sides share one layout).
     """
@@ -264,8 +266,13 @@ def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor
         def certify(a, b, d):
             return torch.zeros_like(d), "claimed bitwise by the implementation: no certificate applies"
     else:
+        both_nan = torch.isnan(k) & torch.isnan(r)
+
         def certify(a, b, d):
-            return certify_rounding_boundaries(a, b, d, context)
+            cert, reason = certify_rounding_boundaries(a, b, d, context)
+            if context is not None:   # IEEE 754 leaves the payload of an operation's NaN result open
+                cert = cert | (d & both_nan)
+            return cert, reason
     return _cache_findings(output, bits(k), bits(r), torch.isnan(k), torch.isnan(r),
                            ("page", "page_row", None, "channel"), "cache-mismatch", certify=certify)
 
