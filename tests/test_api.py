@@ -68,9 +68,15 @@ def _seed_count(device) -> int:
     return len(api.list_cases("seed", "small", device=device))
 
 
+def _plugin_args() -> list:
+    """The plugin loaded by its module name whether or not the installed package's ``pytest11``
+    entry point (``kpool``) would load it too (loading it twice is a pytest error)."""
+    return ["-p", "no:kpool", "-p", "parity.pytest_plugin"]
+
+
 def _pytest(tmp_path, *args):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "parity.pytest_plugin", "-p", "no:cacheprovider",
+    return subprocess.run([sys.executable, "-m", "pytest", *_plugin_args(), "-p", "no:cacheprovider",
                            "-q", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
 
 
