@@ -262,18 +262,19 @@ def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor
     if kernel_cache.shape != reference_cache.shape or kernel_cache.dtype != reference_cache.dtype:
         raise ValueError(f"cache layouts differ: {kernel_cache.shape} vs {reference_cache.shape}")
     k, r = kernel_cache.detach().cpu(), reference_cache.detach().cpu()
+    knan, rnan = torch.isnan(k), torch.isnan(r)
     if claimed_bitwise:
         def certify(a, b, d):
             return torch.zeros_like(d), "claimed bitwise by the implementation: no certificate applies"
     else:
-        both_nan = torch.isnan(k) & torch.isnan(r)
+        both_nan = knan & rnan
 
         def certify(a, b, d):
             cert, reason = certify_rounding_boundaries(a, b, d, context)
             if context is not None:   # IEEE 754 leaves the payload of an operation's NaN result open
                 cert = cert | (d & both_nan)
             return cert, reason
-    return _cache_findings(output, bits(k), bits(r), torch.isnan(k), torch.isnan(r),
+    return _cache_findings(output, bits(k), bits(r), knan, rnan,
                            ("page", "page_row", None, "channel"), "cache-mismatch", certify=certify)
 
 
