@@ -32,9 +32,9 @@ PACKAGES = ("kpool", "reference", "cases", "parity")
 CASES_MAY_IMPORT = ("kpool.config", "kpool.metadata", "kpool.errors")
 
 STAGES = ("findings", "implementations", "checking", "running", "oracles", "reporting", "sessions",
-          "selection", "verbs", "bench")
+          "selection", "api", "verbs", "bench")
 """The folders of ``parity/``, bottom first: each may import only the ones before it."""
-ROOT_MODULES = ("parity", "parity.__main__", "parity.cli", "parity.api", "parity.pytest_plugin")
+ROOT_MODULES = ("parity", "parity.__main__", "parity.cli", "parity.pytest_plugin")
 """The modules at the root of ``parity/`` (users type or import these names)."""
 MAX_LINES = 400
 """Small modules (the project's standard): no module of ``parity`` is longer."""
@@ -221,6 +221,59 @@ def test_every_stage_folder_exists_and_says_what_it_may_import():
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert f"Stage {i} of" in doc and "import" in doc, \
             f"parity/{stage}/__init__.py: the docstring must say 'Stage {i} of' and what it may import"
+
+
+API_BYPASSES = {"parity.implementations": {"resolve"}, "parity.selection.kernel_cases": {"selected_cases"},
+                "parity.sessions.session": {"resolve_kernel"}}
+"""Names the verbs must reach through :mod:`parity.api` (resolving an implementation, selecting the
+cases of a run), by the module that defines them."""
+BUILT_ON_API = ("parity.verbs.ab", "parity.verbs.golden", "parity.verbs.replay", "parity.verbs.cases")
+"""Verb modules that must import :mod:`parity.api` (the CLI's verbs are built on it)."""
+
+
+def api_bypasses(root: Path) -> List[str]:
+    """``"module imports name from source (file:line)"`` for every import in ``parity.verbs`` of a
+    name of :data:`API_BYPASSES`, and ``"module: does not import parity.api"`` for each of
+    :data:`BUILT_ON_API` that exists and does not."""
+    modules = module_files(root)
+    edges = import_edges(modules)
+    out = []
+    for mod, path in sorted(modules.items()):
+        if stage_of(mod) != "verbs":
+            continue
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+            source = (".".join(base[:len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+                      if node.level else node.module or "")
+            for alias in node.names:
+                if alias.name in API_BYPASSES.get(source, ()):
+                    out.append(f"{mod} imports {alias.name} from {source} ({path.relative_to(root)}:{node.lineno})")
+        if mod in BUILT_ON_API and "parity.api" not in edges.get(mod, {}):
+            out.append(f"{mod}: does not import parity.api")
+    return out
+
+
+def test_verbs_are_built_on_the_api():
+    bad = api_bypasses(REPO)
+    assert not bad, "verbs going around the public API (use parity.api):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("text, bad", [
+    ("def f():\n    from ..implementations import resolve\n    from .. import api\n",
+     ["parity.verbs.ab imports resolve from parity.implementations"]),
+    ("from parity.selection.kernel_cases import selected_cases\nfrom parity import api\n",
+     ["parity.verbs.ab imports selected_cases from parity.selection.kernel_cases"]),
+    ("from ..implementations.semantics import resolve_semantics\n", ["parity.verbs.ab: does not import parity.api"]),
+    ("from .. import api\n", []),
+])
+def test_checker_finds_a_planted_api_bypass(tmp_path, text, bad):
+    _plant(tmp_path, {"parity/verbs/__init__.py": "", "parity/verbs/ab.py": text, "parity/api/__init__.py": "",
+                      "parity/implementations/__init__.py": "", "parity/implementations/semantics.py": "",
+                      "parity/selection/__init__.py": "", "parity/selection/kernel_cases.py": ""})
+    assert [b.split(" (")[0] for b in api_bypasses(tmp_path)] == bad
 
 
 def test_no_module_over_the_line_limit():

@@ -45,9 +45,9 @@ def add_ab_parser(sub) -> None:
 
 
 def _resolve(spec: str, prog: str):
-    from ..implementations import resolve
+    from .. import api
     try:
-        return resolve(spec)
+        return api.resolve_implementation(spec)
     except Exception as exc:
         return f"{prog}: error: cannot load implementation {spec!r}: {type(exc).__name__}: {exc}"
 
@@ -60,7 +60,7 @@ def ab_main(args, console=None) -> int:
     from kpool.platform import resolve_device
 
     from ..reporting.report import make_console
-    from ..selection.kernel_cases import selected_cases
+    from .cases import select
     console = console or make_console()
     prog = "python -m parity ab"
     try:
@@ -75,7 +75,7 @@ def ab_main(args, console=None) -> int:
     if isinstance(sems, str):
         return _usage(f"{prog}: error: {sems}")
     try:
-        cases = selected_cases(args, device, console)
+        cases = select(args, device, console)
     except (KeyError, ValueError) as exc:
         return _usage(f"{prog}: error: {exc.args[0]}")
     if not cases:

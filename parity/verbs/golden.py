@@ -86,8 +86,8 @@ def golden_main(args, console=None) -> int:
     from kpool.errors import KPoolUnsupportedError
     from kpool.platform import resolve_device
 
+    from .. import api
     from ..sessions.bundle import environment
-    from ..implementations import resolve
     from ..reporting.report import make_console
     console = console or make_console()
     prog = f"python -m parity golden {args.golden_command}"
@@ -102,7 +102,7 @@ def golden_main(args, console=None) -> int:
         if isinstance(found, str):
             return _usage(f"{prog}: error: {found}")
     try:
-        impl = resolve(args.kernel)
+        impl = api.resolve_implementation(args.kernel)
     except Exception as exc:
         return _usage(f"{prog}: error: cannot load implementation {args.kernel!r}: {type(exc).__name__}: {exc}")
     if args.golden_command == "record":
@@ -176,13 +176,13 @@ def _record(args, device, env, kind, impl, console, prog) -> int:
 
     from rich.markup import escape
 
-    from ..selection.kernel_cases import selected_cases
     from ..running.step_outputs import step_hashes
+    from .cases import select
     out = kind_directory(args.dir, kind)
     if os.path.exists(os.path.join(out, MANIFEST)) and not args.force:
         return _usage(f"{prog}: error: {out} already holds goldens of {kind!r} (--force replaces them)")
     try:
-        cases = selected_cases(args, device, console)
+        cases = select(args, device, console)
     except (KeyError, ValueError) as exc:
         return _usage(f"{prog}: error: {exc.args[0]}")
     tmp = out + ".tmp"
@@ -215,13 +215,13 @@ def _check(args, device, kind, impl, found, console, prog) -> int:
 
     from rich.markup import escape
 
-    from ..selection.kernel_cases import selected_cases
     from ..running.step_outputs import diff_steps, step_hashes
+    from .cases import select
     directory, manifest = found
     rec_env = manifest.get("environment", {})
     sel_args = argparse.Namespace(device=args.device, **manifest["selection"])
     try:
-        cases = selected_cases(sel_args, device, console)
+        cases = select(sel_args, device, console)
     except (KeyError, ValueError) as exc:
         return _usage(f"{prog}: error: the recorded selection no longer selects: {exc.args[0]}")
     console.print(escape(f"golden check on {kind}: kernel={impl.spec} vs goldens of {manifest['implementation']} "

@@ -105,7 +105,8 @@ def replay(directory: str, *, device: Optional[str] = None, console=None,
 
     from ..sessions.bundle import diff_findings, git_revision, load_bundle
     from ..sessions.bundle_checks import needs_explicit_kernel
-    from ..sessions.session import resolve_kernel, run_cases
+    from .. import api
+    from ..sessions.session import run_cases
     dev = resolve_device(device)
     b = load_bundle(directory)
     if kernel is None and needs_explicit_kernel(b.options.kernel):
@@ -113,7 +114,7 @@ def replay(directory: str, *, device: Optional[str] = None, console=None,
                          f"replay it with --kernel {b.options.kernel} (a bundle does not choose code to load)")
     opts = dataclasses.replace(b.options, device=dev, kernel=kernel or b.options.kernel)
     try:
-        resolve_kernel(opts.kernel)
+        api.resolve_implementation(opts.kernel)
     except Exception as exc:
         raise ValueError(f"cannot load kernel {opts.kernel!r}: {type(exc).__name__}: {exc}") from exc
     (result,) = run_cases([b.case], opts, console=console)

@@ -1,5 +1,9 @@
-"""The harness's public API: what code outside this repository may import (parity-contract.md §1,
-§6). Everything else in :mod:`parity` is internal and may move.
+"""Stage 9 of ``parity/`` (docs/design.md "Layout"): the harness's public API, what code outside
+this repository may import (parity-contract.md §1, §6); everything else in :mod:`parity` is
+internal and may move. It may import the folders of stages 1-8; the verbs (stage 10: ``ab``,
+``golden``, ``bisect``, ``replay``), the CLI and the pytest plugin are built on it: they resolve
+implementations and select cases through it (``tests/test_layout.py`` checks that they do not go
+around it).
 
 Four verbs::
 
@@ -123,7 +127,8 @@ def _device(device: Optional[str]) -> str:
 
 
 def list_cases(suite: str = "seed", size: str = "small", names: Optional[Sequence[str]] = None, *,
-               device: Optional[str] = None, profile: Optional[str] = None, seed: int = 0) -> List[CaseRef]:
+               device: Optional[str] = None, profile: Optional[str] = None, seed: int = 0,
+               oracle: bool = True, console=None) -> List[CaseRef]:
     """The cases ``python -m parity run --suite SUITE --size SIZE [--case NAMES]`` runs, in order.
 
     Args:
@@ -135,22 +140,28 @@ def list_cases(suite: str = "seed", size: str = "small", names: Optional[Sequenc
             otherwise).
         profile: hypothesis profile of the generated suite (``ci``, ``dev``, ``device``, ``nightly``).
         seed: offset added to every case and step seed.
+        oracle: check the reference against the whole-history oracle (``run --no-oracle`` is
+            ``False``).
+        console: a rich console for the selection's notes (default: discarded).
     Raises:
         ValueError: unknown suite or size, or ``names`` with ``suite="all"``; KeyError: an
         unknown case name (the message lists the known ones).
     """
     from rich.console import Console
 
-    from .selection.kernel_cases import selected_cases
+    from ..selection.kernel_cases import selected_cases
     if suite not in SUITES + ("all",):
         raise ValueError(f"suite must be one of {SUITES + ('all',)}, got {suite!r}")
     if size not in SIZES + ("all",):
         raise ValueError(f"size must be one of {SIZES + ('all',)}, got {size!r}")
     args = argparse.Namespace(suite=suite, size=size, case=list(names) if names else None, seed=seed,
-                              profile=profile, no_oracle=False)
+                              profile=profile, no_oracle=not oracle)
     dev = _device(device)
-    with open(os.devnull, "w") as sink:
-        selected = selected_cases(args, dev, Console(file=sink))
+    if console is not None:
+        selected = selected_cases(args, dev, console)
+    else:
+        with open(os.devnull, "w") as sink:
+            selected = selected_cases(args, dev, Console(file=sink))
     return [CaseRef(sel.suite, sel.key, sel.case, sel) for sel in selected]
 
 
@@ -162,7 +173,7 @@ def resolve_implementation(spec: Union[str, object] = "kpool"):
         ValueError: a spec of no known kind; KeyError: unknown mutant; ImportError /
         AttributeError / FileNotFoundError: the code it names does not load.
     """
-    from .implementations import Implementation, resolve
+    from ..implementations import Implementation, resolve
     if isinstance(spec, Implementation):
         return spec
     return resolve(spec)
@@ -181,7 +192,7 @@ def run_case(case: CaseRef, implementation: Union[str, object] = "kpool", *, dev
     Raises:
         as :func:`resolve_implementation`; KPoolUnsupportedError: the device does not exist here.
     """
-    from .running.step_outputs import run_captured
+    from ..running.step_outputs import run_captured
     impl = resolve_implementation(implementation)
     dev = _device(device)
     result, _ = run_captured(case.selected, impl, dev)
@@ -189,7 +200,7 @@ def run_case(case: CaseRef, implementation: Union[str, object] = "kpool", *, dev
 
 
 def _message(outcome: Outcome, replay: Optional[str]) -> str:
-    from .reporting.report import values_text
+    from ..reporting.report import values_text
     bad = outcome.failures
     lines = [f"{outcome.implementation} disagrees with the reference on {outcome.case.key} ({outcome.device}): "
              f"{len(bad)} failing checks in steps {sorted({int(s) for s in bad['step'].dropna()})}"]
@@ -228,8 +239,8 @@ def assert_parity(case: CaseRef, implementation: Union[str, object] = "kpool", *
     outcome = run_case(case, implementation, device=device)
     if outcome.ok:
         return outcome
-    from .sessions import bundle
-    from .sessions.session import RunOptions
+    from ..sessions import bundle
+    from ..sessions.session import RunOptions
     path = replay = None
     if case.suite != "public":                 # public cases are rerun by name, not bundled
         root = bundle_dir or tempfile.mkdtemp(prefix="kpool-parity-")
