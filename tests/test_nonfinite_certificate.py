@@ -77,12 +77,74 @@ def test_a_pool_that_overflows_in_some_order_is_free_and_nothing_else_is():
                                                                            "merged"))
 
 
-def test_large_but_never_overflowing_is_neither_free_nor_certified():
+def _fp32_merged_orders(q, w, c):
+    """The merged route of one pool in fp32, heads and channels summed forwards and backwards."""
+    out = []
+    for order in (slice(None), slice(None, None, -1)):
+        qbar = np.zeros(q.shape[1], dtype=np.float32)
+        for h in range(q.shape[0])[order]:
+            qbar = qbar + np.float32(w[h]) * q[h].astype(np.float32)
+        acc = np.float32(0.0)
+        for d in range(q.shape[1])[order]:
+            acc = acc + qbar[d] * np.float32(c[d])
+        out.append(float(acc))
+    return out
+
+
+def test_partial_sums_below_the_ceiling_keep_their_bound():
+    # keys near 2^118: the score is far from overflow in every order, so the bound holds
     q, w, _ = _row()
-    keys = np.array([[2.0 ** 118, -(2.0 ** 118), 0.0, 0.0]])         # magnitude near 2^120, sums far below 2^128
+    keys = np.array([[2.0 ** 118, -(2.0 ** 118), 0.0, 0.0]])
     sb = score_bounds(q, w, keys, "merged")
-    assert sb.unbounded[0] and not sb.free[0] and sb.uncertain[0]
+    assert not sb.unbounded[0] and not sb.uncertain[0] and 0 < sb.bounds[0] < np.inf
+    for got in _fp32_merged_orders(q, w, keys[0]):
+        assert abs(got - sb.scores[0]) <= sb.bounds[0]
+
+
+def test_mixed_signs_near_the_limit_stay_uncertain():
+    # sums of magnitudes past fp32 max, same-sign parts below 2^128: may or may not overflow, to
+    # either infinity: no rule covers the pool, so a row that sees it is never certified
+    q, w, _ = _row()
+    keys = np.array([[2.0 ** 127, -(2.0 ** 127), 0.0, 0.0]])
+    sb = score_bounds(q, w, keys, "merged")
+    assert sb.unbounded[0] and not sb.free[0] and not sb.capped[0] and sb.uncertain[0]
     assert sb.scores[0] != FP32_MAX
+
+
+def test_exact_extremes_are_exact_saturated_or_dead_in_every_order():
+    # value-range's exact step: w = (FP32_MAX, 0), q = (e0, -e0), keys v * e0: one nonzero
+    # product per score, so FP32_MAX and FP32_MAX / 2 are exact in every order (bound 0), 2 and
+    # 4 times FP32_MAX overflow to +inf in every order, -2 FP32_MAX (merged) to -inf
+    q, w = np.array([[1.0, 0.0], [-1.0, 0.0]]), np.array([FP32_MAX, 0.0])
+    keys = np.array([[1.0, 0.0], [2.0, 0.0], [0.5, 0.0], [-1.0, 0.0], [-2.0, 0.0], [4.0, 0.0]])
+    merged = score_bounds(q, w, keys, "merged")
+    assert not merged.uncertain.any()
+    assert merged.bounds[[0, 2, 3]].tolist() == [0.0, 0.0, 0.0] and merged.scores[0] == FP32_MAX
+    assert merged.saturated.tolist() == [False, True, False, False, False, True]
+    # -FP32_MAX is LOWEST exactly and -2 FP32_MAX is -inf: never valid (kpool-algorithm.md §4.3)
+    assert merged.dead.tolist() == [False, False, False, True, True, False]
+    for row in ([1, 0, 5, 2, -1, -1], [0, 1, 5, 2, -1, -1], [5, 1, 0, 2, -1, -1]):    # FP32_MAX ties: any order
+        assert valid_top_k(row, merged) is None, row
+    assert "ranked above" in valid_top_k([2, 0, 1, 5], merged)     # FP32_MAX / 2 above FP32_MAX
+    assert "no finite score" in valid_top_k([0, 1, 5, 4], merged)   # -inf in every order, selected
+    assert "no finite score" in valid_top_k([0, 1, 5, 2, 3, -1], merged)   # LOWEST exactly, selected
+    assert "4 selectable" in valid_top_k([0, 1, 5, -1, -1, -1], merged)    # the valid pool 2 left out
+    relu = score_bounds(q, w, keys, "relu")
+    assert not relu.uncertain.any() and relu.bounds[0] == 0.0 and relu.scores[[3, 4]].tolist() == [0.0, 0.0]
+
+
+def test_one_signed_pools_at_the_top_are_capped_at_fp32_max():
+    # two nonzero products per score (not exact): 2^127 (1 + 1) can only end at +inf (FP32_MAX) or
+    # within its bound; the pools below keep their intervals
+    q, w = np.array([[1.0, 1.0]]), np.array([2.0 ** 127])
+    keys = np.array([[1.0, 1.0], [2.0 ** -20, 2.0 ** -20], [2.0 ** -21, 2.0 ** -21]])
+    sb = score_bounds(q, w, keys, "merged")
+    assert (sb.capped[0] or sb.saturated[0]) and not sb.uncertain.any()
+    assert valid_top_k([0, 1, 2], sb) is None
+    assert "ranked above" in valid_top_k([1, 0, 2], sb) and "ranked above" in valid_top_k([0, 2, 1], sb)
+    # the same pool with one product of the other sign could end at -inf too: not capped
+    mixed = score_bounds(np.array([[1.0, -(2.0 ** -30)]]), w, keys[:1], "merged")
+    assert not mixed.capped[0] and not mixed.saturated[0]
 
 
 def test_opposite_infinite_products_across_heads_are_not_nan_on_every_route():

@@ -25,18 +25,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .floats import ETA, KAPPA_BLOCK, U_FAITHFUL, sum_error_bound
+from .overflow import FP32_MAX, OVERFLOW_CEILING, ceilings, exact_everywhere, one_signed
 
 SAFETY = 1.0 + 2.0 ** -20
 """Factor on every bound: absorbs the float64 evaluation of scores and bounds (its error is
 below ``2^-46`` of the term magnitudes, the bound at least ``2^-23`` of them)."""
 OVERFLOW_LIMIT = 2.0 ** 120
-"""A pool whose partial sums could reach this magnitude could overflow fp32 in some order: not
-certifiable."""
+"""The infinite-factor rules' margin (:func:`_classify_infinite`): finite parts whose magnitudes
+sum below it cannot overflow into the other infinity in any order."""
 OVERFLOW_SURE = 2.0 ** 128
 """An exact same-sign partial sum at least this large (after the rounding shrink of its terms)
 is beyond fp32 in every faithful rounding: some summation order overflows."""
-FP32_MAX = float(np.finfo(np.float32).max)
-"""The sanitized value of a ``+inf`` score (parity-contract.md §2)."""
 POOL_CHUNK = 256
 """Pools per float64 block (``[chunk, H, D]`` temporaries stay small at GLM size)."""
 
@@ -64,6 +63,11 @@ class ScoreBounds:
             ones that are ``+inf`` on one evaluation route and NaN / ``-inf`` on another
             (:data:`OVERFLOW_SURE`): a conforming implementation may score them anywhere,
             ``+inf`` (FP32_MAX) and LOWEST included (docs/certificates.md §2.4).
+        capped: bool, finite unbounded pools whose products ``w_h q_hd c_d`` are all ``>= 0``
+            (no zero factor meets a sum that could overflow) and whose upper end
+            ``scores + bounds`` reaches :data:`FP32_MAX`: every order gives a value in
+            ``[scores - bounds, FP32_MAX]`` (an overflow can only be ``+inf``, sanitized to
+            FP32_MAX; docs/certificates.md §2.4 "One sign, capped").
     """
 
     scores: np.ndarray
@@ -74,16 +78,17 @@ class ScoreBounds:
     saturated: np.ndarray = field(default=None)
     dead: np.ndarray = field(default=None)
     free: np.ndarray = field(default=None)
+    capped: np.ndarray = field(default=None)
 
     def __post_init__(self):
-        for name in ("nan", "saturated", "dead", "free"):
+        for name in ("nan", "saturated", "dead", "free", "capped"):
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros(np.shape(self.scores), dtype=bool))
 
     @property
     def uncertain(self) -> np.ndarray:
-        """Pools no rule covers (unbounded and neither saturated, dead nor free)."""
-        return self.unbounded & ~(self.saturated | self.dead | self.free)
+        """Pools no rule covers (unbounded and neither saturated, dead, free nor capped)."""
+        return self.unbounded & ~(self.saturated | self.dead | self.free | self.capped)
 
 
 def _weighted_heads(w: np.ndarray, values: np.ndarray, dot_err: np.ndarray, active: np.ndarray,
@@ -165,20 +170,32 @@ def score_bounds(q: np.ndarray, w: np.ndarray, keys: np.ndarray, score_mode: str
         hi = min(v, lo + POOL_CHUNK)
         scores[lo:hi], bounds[lo:hi], zero[lo:hi] = chunk(q, w, clean[lo:hi], u, kappa)
     bounds *= SAFETY
-    # Every partial sum of either mode is below this per-pool magnitude; far from fp32 overflow,
-    # no order can overflow (or make inf - inf).
-    H, D = q.shape
-    magnitude = H * D * np.abs(q).max(initial=0.0) * np.abs(clean).max(axis=1, initial=0.0) * (1 + np.abs(w).max(initial=0.0))
-    unbounded = inf_key | ~np.isfinite(bounds) | (magnitude >= OVERFLOW_LIMIT)
+    # Below the ceiling no partial sum of any route can overflow (or make inf - inf) in any order.
+    ceiling = ceilings(q, w, clean, score_mode)
+    unbounded = inf_key | ~np.isfinite(bounds) | (ceiling > OVERFLOW_CEILING)
+    near = unbounded & ~(nan_key | inf_key)
+    if near.any():                              # one nonzero term per sum, every value an fp32: exact
+        exact = np.zeros(v, dtype=bool)
+        exact[near] = exact_everywhere(q, w, clean[near], score_mode)
+        bounds[exact], unbounded[exact] = 0.0, False
     scores[nan_key] = -np.inf
     bounds[nan_key] = 0.0
     zero &= ~(nan_key | inf_key)
     sb = ScoreBounds(scores, bounds, unbounded & ~nan_key, zero, nan=nan_key.copy())
+    # at or below LOWEST in every order: sanitized to LOWEST, never valid (kpool-algorithm.md §4.3)
+    sb.dead |= ~sb.unbounded & ~nan_key & (scores + bounds <= -FP32_MAX)
     if inf_key.any():
         _classify_infinite(q, w, keys, inf_key, sb, score_mode)
     huge = sb.unbounded & ~inf_key
     if huge.any():
-        sb.free[huge] = _overflows_in_some_order(q, w, clean[huge])
+        sign = np.zeros(v)
+        sign[huge] = one_signed(q, w, clean[huge], score_mode)
+        up = (sign > 0) & (scores + bounds >= FP32_MAX)
+        sb.saturated |= up & (scores - bounds > FP32_MAX)   # no finite fp32 value is left: +inf
+        sb.capped |= up & ~sb.saturated
+        sb.dead |= (sign < 0) & (scores + bounds <= -FP32_MAX)   # -inf or LOWEST in every order
+        rest = huge & ~(sb.saturated | sb.capped | sb.dead)
+        sb.free[rest] = _overflows_in_some_order(q, w, clean[rest])
     return sb
 
 

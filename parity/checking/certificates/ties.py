@@ -192,9 +192,11 @@ def _exact_tie_order(sel: List[int], scores: np.ndarray, classes: list) -> Optio
 def _effective(sb: ScoreBounds):
     """``(scores, bounds)`` with the derived rules of docs/certificates.md §2.4 applied: a pool
     ``+inf`` in every order scores exactly :data:`FP32_MAX` (bound 0), one ``-inf`` or NaN in every
-    order ``-inf`` (never selectable). Free pools (overflow in some order) keep their exact score;
-    the callers give them the whole real line."""
+    order ``-inf`` (never selectable), a capped one the interval ``[S - b, FP32_MAX]``. Free pools
+    (overflow in some order) keep their exact score; the callers give them the whole real line."""
     scores, bounds = sb.scores.copy(), sb.bounds.copy()
+    low = scores[sb.capped] - bounds[sb.capped]            # [S - b, FP32_MAX] as a centre and a radius
+    scores[sb.capped], bounds[sb.capped] = low / 2 + FP32_MAX / 2, FP32_MAX / 2 - low / 2
     scores[sb.saturated], bounds[sb.saturated] = FP32_MAX, 0.0
     scores[sb.dead | sb.nan], bounds[sb.dead | sb.nan] = -np.inf, 0.0
     return scores, bounds
