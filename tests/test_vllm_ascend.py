@@ -111,6 +111,23 @@ def test_adapter_recognises_the_revision_shape_and_declares_its_semantics(which)
     assert SHAPES[which][0] in impl.description
 
 
+def test_a_revision_with_an_extension_is_refused_once_on_a_compiled_gpu():
+    """Stock Triton cannot compile extract_slice: on cuda the run stops once, as a usage error that
+    names the way out, instead of a crash on every decode step; cpu (the emulation) and npu run."""
+    from parity.cli import build_parser
+    from parity.implementations import device_refusal
+    from parity.sessions.commands import run_options
+    new, state = resolve(f"vllm-ascend:{STANDIN['new']}"), resolve(f"vllm-ascend:{STANDIN['state']}")
+    assert new.devices == {"cpu", "npu"} and state.devices is None
+    assert device_refusal(new, "cpu") is None and device_refusal(new, "npu") is None
+    why = device_refusal(new, "cuda")
+    assert "cannot run on cuda" in why and "extract_slice" in why and "--device cpu" in why
+    assert device_refusal(state, "cuda") is None
+    args = build_parser().parse_args(["run", "--kernel", f"vllm-ascend:{STANDIN['new']}"])
+    assert isinstance(run_options(args, "cuda", "prog"), str) and "cannot run on cuda" in run_options(args, "cuda", "prog")
+    assert not isinstance(run_options(args, "cpu", "prog"), str)
+
+
 def test_stubs_exist_only_while_loading():
     with va.vendor_stubs() as installed:
         import vllm.triton_utils as tu

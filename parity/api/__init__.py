@@ -190,11 +190,18 @@ def run_case(case: CaseRef, implementation: Union[str, object] = "kpool", *, dev
     Returns:
         :class:`Outcome`. A crash of the implementation is a ``crash`` check, not an exception.
     Raises:
-        as :func:`resolve_implementation`; KPoolUnsupportedError: the device does not exist here.
+        as :func:`resolve_implementation`; KPoolUnsupportedError: the device does not exist here,
+        or the implementation cannot run on it (``Implementation.devices``).
     """
+    from kpool.errors import KPoolUnsupportedError
+
+    from ..implementations import device_refusal
     from ..running.step_outputs import run_captured
     impl = resolve_implementation(implementation)
     dev = _device(device)
+    refused = device_refusal(impl, dev)
+    if refused:
+        raise KPoolUnsupportedError(refused)
     result, _ = run_captured(case.selected, impl, dev)
     return Outcome(case=case, implementation=impl.spec, checks=result.findings, device=dev, result=result)
 

@@ -67,6 +67,10 @@ class Implementation:
             :data:`parity.implementations.semantics.BITWISE_OUTPUTS`); the certificates of
             parity-contract.md §3 apply only to the others (issue 19 family 5). Default none:
             an operator with ``tl.exp`` or HF gets the rounding certificate on its cache.
+        devices: the backends it runs on (``"cpu"`` = the Triton interpreter, ``"cuda"``,
+            ``"npu"``), or ``None`` for all: a vLLM-Ascend revision that uses a triton-ascend
+            language extension runs on an NPU or under the interpreter's emulation, never
+            compiled by stock Triton (:func:`device_refusal`).
     """
 
     spec: str
@@ -80,11 +84,24 @@ class Implementation:
     supports: Optional[frozenset] = None
     interp_rne: bool = False
     bitwise_outputs: Tuple[str, ...] = ()
+    devices: Optional[frozenset] = None
 
     def with_semantics(self, **changes) -> "Implementation":
         """A copy with some declared semantics overridden (the CLI's ``--score-mode``,
         ``--ties``...)."""
         return replace(self, **changes)
+
+
+def device_refusal(implementation: Implementation, device: str) -> Optional[str]:
+    """Why ``implementation`` cannot run on ``device`` (``"cpu"``, ``"cuda"``, ``"npu"``), or
+    ``None`` when it can (:attr:`Implementation.devices`). The run refuses it once, as a usage
+    error, instead of crashing on every step that reaches the kernel it cannot compile."""
+    allowed = implementation.devices
+    if allowed is None or str(device) in allowed:
+        return None
+    others = " or ".join(f"--device {d}" for d in sorted(allowed))
+    return (f"{implementation.spec} cannot run on {device}: {implementation.description or 'it'} needs a backend "
+            f"it declares ({', '.join(sorted(allowed))}); run it with {others}")
 
 
 @dataclass(frozen=True)

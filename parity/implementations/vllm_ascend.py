@@ -316,8 +316,10 @@ def declared(path: str) -> dict:
     """The declared semantics of the checkout at ``path`` (module docstring): the fields of its
     :class:`parity.implementations.Implementation` besides the forward."""
     rev = describe(load_operators(path))
+    # stock Triton cannot compile a triton-ascend language extension: NPU, or the interpreter's emulation
+    devices = frozenset({"cpu", "npu"}) if rev.extensions else None
     return dict(score_mode="merged", tie_policy="any", validates=False, interpreter_ok=True, package=None,
-                interp_rne=True, supports=rev.supports)
+                interp_rne=True, supports=rev.supports, devices=devices)
 
 
 def load(path: str) -> tuple:

@@ -124,6 +124,10 @@ def run_options(args, device: str, prog: str):
         semantics = run_semantics(args)   # fail early on a bad spec (run_cases resolves it again, cached)
     except Exception as exc:
         return f"{prog}: error: cannot load kernel {args.kernel!r}: {type(exc).__name__}: {exc}"
+    from ..implementations import device_refusal, resolve
+    refused = device_refusal(resolve(args.kernel), str(device))
+    if refused:
+        return f"{prog}: error: {refused}"
     return RunOptions(device=device, mode=args.mode, repeat=repeat, check_oracle=not args.no_oracle,
                       oracle=getattr(args, "oracle", "history"),
                       kernel=args.kernel, metamorphic=relations or [], seed_offset=args.seed,

@@ -71,6 +71,10 @@ def ab_main(args, console=None) -> int:
     for side in sides:
         if isinstance(side, str):
             return _usage(side)
+    from ..implementations import device_refusal
+    for side in sides:
+        if device_refusal(side, device):
+            return _usage(f"{prog}: error: {device_refusal(side, device)}")
     sems = _shared_semantics(sides)
     if isinstance(sems, str):
         return _usage(f"{prog}: error: {sems}")
