@@ -199,14 +199,30 @@ def test_no_certificate_without_context_or_window():
         ["cache-mismatch"]
 
 
-def test_nan_and_sign_of_zero_are_never_certified():
+def test_nan_and_a_zero_away_from_the_exact_value_are_not_certified():
     ref, ctx = _window_case(MID)
     kern = ref.clone()
     kern[1, 0, 0, 0] = float("nan")
     assert [r["verdict"] for r in cmp.compare_compressed(kern, ref, context=ctx)] == ["nan-introduced"]
+    # +0 against -0 where the exact pooled value is far from 0: both sides wrong, not a certificate
     zero_r, zero_k = ref.clone(), ref.clone()
     zero_r[1, 0, 0, 2], zero_k[1, 0, 0, 2] = 0.0, -0.0
-    assert [r["verdict"] for r in cmp.compare_compressed(zero_k, zero_r, context=ctx)] == ["cache-mismatch"]
+    (row,) = cmp.compare_compressed(zero_k, zero_r, context=ctx)
+    assert row["verdict"] == "cache-mismatch" and "beyond the fp32 error bound" in row["detail"]
+
+
+def test_a_zero_of_the_other_sign_is_certified_where_the_exact_value_is_zero():
+    """vLLM-Ascend pools with tl.sum, which starts from +0: a window of zero keys pools to +0 where
+    the reference's sum may be -0. The exact value is 0, so either sign conforms (docs/
+    certificates.md §2.4 "Signed zeros"); claimed bitwise or exact data, it stays a mismatch."""
+    ref, ctx = _window_case(0.0)
+    assert int(bits(ref)[1, 0, 0, 0]) in (0x0000, -0x8000)
+    kern = _flip(ref, (1, 0, 0, 0), -0x8000 if int(bits(ref)[1, 0, 0, 0]) == 0 else 0x8000)
+    assert float(kern[1, 0, 0, 0]) == 0.0 and not torch.equal(bits(kern), bits(ref))
+    assert [r["verdict"] for r in cmp.compare_compressed(kern, ref, context=ctx)] == ["rounding-boundary"]
+    assert [r["verdict"] for r in cmp.compare_compressed(kern, ref, context=ctx, claimed_bitwise=True)] == \
+        ["cache-mismatch"]
+    assert [r["verdict"] for r in cmp.compare_compressed(kern, ref)] == ["cache-mismatch"]
 
 
 def test_huge_exp_arguments_get_no_certificate():

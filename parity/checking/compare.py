@@ -253,9 +253,9 @@ def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor
             certificate, and every mismatch says so.
 
     Returns findings ``exact``, ``rounding-boundary`` (certified elements, parity-contract.md
-    §3.1; with certificates on and no bitwise claim, also a NaN whose payload differs and a zero
-    whose sign differs: IEEE 754 leaves an operation's NaN payload open, and the sign of a zero
-    sum to the accumulator's start, docs/certificates.md §2.4), ``cache-mismatch`` /
+    §3.1, a zero of the other sign included; with certificates on and no bitwise claim, also a
+    NaN whose payload differs: IEEE 754 leaves an operation's NaN payload open,
+    docs/certificates.md §2.4), ``cache-mismatch`` /
     ``nan-introduced`` (first at page, page_row, channel).
     Raises:
         ValueError: shapes or dtypes differ (a harness bug: both sides share one layout).
@@ -268,9 +268,8 @@ def compare_compressed(kernel_cache: torch.Tensor, reference_cache: torch.Tensor
         def certify(a, b, d):
             return torch.zeros_like(d), "claimed bitwise by the implementation: no certificate applies"
     else:
-        # IEEE 754 leaves the payload of an operation's NaN result open, and the sign of an exact
-        # zero sum to the accumulator's start (+0 + -0 = +0): docs/certificates.md §2.4
-        same_value = (knan & rnan) | ((k == 0) & (r == 0))
+        # IEEE 754 leaves the payload of an operation's NaN result open: docs/certificates.md §2.4
+        same_value = knan & rnan
 
         def certify(a, b, d):
             cert, reason = certify_rounding_boundaries(a, b, d, context)

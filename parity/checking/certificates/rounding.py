@@ -208,8 +208,8 @@ def certify_rounding_boundaries(kernel_bits: torch.Tensor, reference_bits: torch
     Returns:
         ``(certified bool [N, B, 1, D], reason str)``: an element is certified when it was
         certified earlier with the same bits (``context.carried``), or when both values are
-        finite, adjacent bf16 values, its row was written this step, and
-        ``|y64 - midpoint| <= B`` (:func:`pooled_value_and_bound_f64`). ``reason`` explains the
+        finite, adjacent bf16 values (or ``+0`` and ``-0``, midpoint 0), its row was written this
+        step, and ``|y64 - midpoint| <= B`` (:func:`pooled_value_and_bound_f64`). ``reason`` explains the
         first element that was *not* certified (empty when all were). New certificates are
         added to ``context.carried``.
     """
@@ -235,7 +235,11 @@ def certify_rounding_boundaries(kernel_bits: torch.Tensor, reference_bits: torch
         if nan_any[n] or not math.isfinite(kv[n]) or not math.isfinite(rv[n]):
             reasons.append(f"{where}: NaN or infinite value")
             continue
-        if int(key_gap[n]) != 1:
+        # +0 against -0 (the same value, another sign: docs/certificates.md §2.4 "Signed zeros")
+        # is judged like an adjacent pair with midpoint 0: either sign is conforming when the
+        # exact value is within the bound of 0
+        zeros = kv[n] == 0 and rv[n] == 0
+        if int(key_gap[n]) != 1 and not zeros:
             reasons.append(f"{where}: {int(key_gap[n])} bf16 ulps apart, not adjacent")
             continue
         win = context.window(page, prow)
