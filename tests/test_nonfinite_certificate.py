@@ -46,7 +46,7 @@ def test_saturated_pools_tie_at_fp32_max_and_a_real_difference_still_fails():
     sb = score_bounds(*_row((0, 0, 1.0), keys), "merged")
     assert valid_top_k([1, 0], sb) is None and valid_top_k([0, 1], sb) is None     # exact tie at FP32_MAX
     assert _cross_check([1, 0], [0, 1], 2, sb) is None
-    assert "no finite score" in valid_top_k([2, 0], sb)                # the -inf pool is never selectable
+    assert "-inf or at most LOWEST" in valid_top_k([2, 0], sb)         # the -inf pool is never selectable
     assert "selectable" in valid_top_k([0, -1], sb)                    # a saturated pool left out
 
 
@@ -126,8 +126,8 @@ def test_exact_extremes_are_exact_saturated_or_dead_in_every_order():
     for row in ([1, 0, 5, 2, -1, -1], [0, 1, 5, 2, -1, -1], [5, 1, 0, 2, -1, -1]):    # FP32_MAX ties: any order
         assert valid_top_k(row, merged) is None, row
     assert "ranked above" in valid_top_k([2, 0, 1, 5], merged)     # FP32_MAX / 2 above FP32_MAX
-    assert "no finite score" in valid_top_k([0, 1, 5, 4], merged)   # -inf in every order, selected
-    assert "no finite score" in valid_top_k([0, 1, 5, 2, 3, -1], merged)   # LOWEST exactly, selected
+    assert "-inf or at most LOWEST" in valid_top_k([0, 1, 5, 4], merged)          # -inf in every order
+    assert "pool 3 is selected" in valid_top_k([0, 1, 5, 2, 3, -1], merged)       # LOWEST exactly
     assert "4 selectable" in valid_top_k([0, 1, 5, -1, -1, -1], merged)    # the valid pool 2 left out
     relu = score_bounds(q, w, keys, "relu")
     assert not relu.uncertain.any() and relu.bounds[0] == 0.0 and relu.scores[[3, 4]].tolist() == [0.0, 0.0]

@@ -203,11 +203,16 @@ def _effective(sb: ScoreBounds):
 
 
 def _nan_selected(pools: List[int], sb: ScoreBounds) -> Optional[str]:
-    """Why a row is wrong when it selects a pool whose score is NaN in every order, else None."""
+    """Why a row is wrong when it selects a pool whose score is NaN, ``-inf`` or at most LOWEST in
+    every order (never valid, kpool-algorithm.md §4.3), else None."""
     bad = [p for p in pools if 0 <= p < sb.nan.shape[0] and sb.nan[p]]
     if bad:
         return (f"pool {bad[0]} is selected although its score is NaN in every summation order "
                 "(sanitized to LOWEST: never selectable)")
+    dead = [p for p in pools if 0 <= p < sb.dead.shape[0] and sb.dead[p]]
+    if dead:
+        return (f"pool {dead[0]} is selected although its score is -inf or at most LOWEST in every summation "
+                "order (never valid)")
     return None
 
 
