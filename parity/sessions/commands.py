@@ -120,12 +120,13 @@ def run_options(args, device: str, prog: str):
     unknown = [r for r in (relations or []) + decode if r not in RELATION_NAMES]
     if unknown:
         return f"{prog}: error: unknown metamorphic relation(s) {unknown}; known: {list(RELATION_NAMES)}"
+    from ..implementations import device_refusal, resolve
     try:
-        semantics = run_semantics(args)   # fail early on a bad spec (run_cases resolves it again, cached)
+        implementation = resolve(args.kernel)   # fail early on a bad spec (run_cases resolves it again)
+        semantics = run_semantics(args, implementation)
     except Exception as exc:
         return f"{prog}: error: cannot load kernel {args.kernel!r}: {type(exc).__name__}: {exc}"
-    from ..implementations import device_refusal, resolve
-    refused = device_refusal(resolve(args.kernel), str(device))
+    refused = device_refusal(implementation, str(device))
     if refused:
         return f"{prog}: error: {refused}"
     return RunOptions(device=device, mode=args.mode, repeat=repeat, check_oracle=not args.no_oracle,
@@ -135,17 +136,19 @@ def run_options(args, device: str, prog: str):
                       **{k: v for k, v in dataclasses.asdict(semantics).items() if k != "implementation"})
 
 
-def run_semantics(args):
+def run_semantics(args, implementation=None):
     """The :class:`parity.implementations.semantics.RunSemantics` of parsed ``run`` arguments:
     ``--score-mode``, ``--ties``, ``--validate-with``, ``--interp-rne`` over the declared defaults
-    of ``--kernel``'s implementation.
+    of ``--kernel``'s implementation (``implementation`` when the caller resolved it already).
 
     Raises:
         whatever :func:`parity.implementations.resolve` raises for a bad spec.
     """
     from ..implementations import resolve
     from ..implementations.semantics import resolve_semantics
-    return resolve_semantics(resolve(args.kernel), score_mode=getattr(args, "score_mode", None),
+    if implementation is None:
+        implementation = resolve(args.kernel)
+    return resolve_semantics(implementation, score_mode=getattr(args, "score_mode", None),
                              ties=getattr(args, "ties", None), validate_with=getattr(args, "validate_with", None),
                              interp_rne=getattr(args, "interp_rne", None), supports=getattr(args, "supports", None))
 

@@ -72,9 +72,8 @@ def ab_main(args, console=None) -> int:
         if isinstance(side, str):
             return _usage(side)
     from ..implementations import device_refusal
-    for side in sides:
-        if device_refusal(side, device):
-            return _usage(f"{prog}: error: {device_refusal(side, device)}")
+    for refused in filter(None, (device_refusal(side, device) for side in sides)):
+        return _usage(f"{prog}: error: {refused}")
     sems = _shared_semantics(sides)
     if isinstance(sems, str):
         return _usage(f"{prog}: error: {sems}")

@@ -106,8 +106,9 @@ def golden_main(args, console=None) -> int:
     except Exception as exc:
         return _usage(f"{prog}: error: cannot load implementation {args.kernel!r}: {type(exc).__name__}: {exc}")
     from ..implementations import device_refusal
-    if device_refusal(impl, device):
-        return _usage(f"{prog}: error: {device_refusal(impl, device)}")
+    refused = device_refusal(impl, device)
+    if refused:
+        return _usage(f"{prog}: error: {refused}")
     if args.golden_command == "record":
         return _record(args, device, env, kind, impl, console, prog)
     return _check(args, device, kind, impl, found, console, prog)
