@@ -44,3 +44,12 @@ def segfault_on_page_size_4(**kwargs):
 def segfault_always(**kwargs):
     """A forward whose every call kills the process with a segfault (ctypes read of address 0)."""
     ctypes.string_at(0)
+
+
+def tail_column_off(**kwargs):
+    """``kpool.indexer.forward`` with every selected index ``>= 0`` moved by one: a wrong answer
+    (not a crash) on every step with a selection, for the isolated generated suite's failure path."""
+    out = kpool_forward(**kwargs)
+    if out is not None:
+        out[out >= 0] += 1
+    return out

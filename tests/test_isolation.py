@@ -92,6 +92,32 @@ def test_public_and_generated_runs_survive_a_segfault():
     assert gen.failure_kind == "crash" and "SIGSEGV" in str(gen.error)
 
 
+@pytest.mark.integration
+def test_an_isolated_generated_failure_comes_back_as_its_finding():
+    """A wrong answer found by the generated suite in a worker comes back as that parity failure
+    (its case and findings), not as a dead worker: the failure must survive the trip back
+    (before, its exception could not be rebuilt, the pool broke and the run said SIGTERM)."""
+    from parity.implementations.semantics import RunSemantics
+    with CaseWorker("tests.standin_impls:tail_column_off", RunSemantics(), "cpu") as worker:
+        gen = worker.run_generated("batch", {"examples": 2, "check_oracle": False})
+        assert worker.starts == 1                               # the worker lived
+    assert not gen.ok and gen.failure_kind == "parity", (gen.failure_kind, gen.error)
+    assert "generated case failed" in str(gen.error) and "SIGTERM" not in str(gen.error)
+
+
+def test_generated_failures_survive_pickling():
+    import pickle
+
+    from parity.api import ParityFailure as ApiFailure
+    from parity.running.generated.driver import HarnessCrash, Nondeterministic, ParityFailure
+    from types import SimpleNamespace
+    case = SimpleNamespace(case_id="x[generated]")
+    for exc in (ParityFailure("case", "result", "message"), HarnessCrash(case, ValueError("v")),
+                Nondeterministic(case, ["d"]), ApiFailure("m", "outcome", None, None)):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc)
+
+
 def test_an_isolated_case_keeps_the_implementations_bitwise_claim(monkeypatch):
     """A vendor operator claims no output bitwise (its cache gets the rounding certificate): the
     child worker must run the case with that claim, not kpool's default."""

@@ -120,6 +120,9 @@ class ParityFailure(AssertionError):
         super().__init__(message)
         self.outcome, self.bundle, self.replay = outcome, bundle, replay
 
+    def __reduce__(self):            # pytest-xdist and process pools pickle it
+        return type(self), (self.args[0], self.outcome, self.bundle, self.replay)
+
 
 def _device(device: Optional[str]) -> str:
     from kpool.platform import resolve_device

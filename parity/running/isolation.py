@@ -170,8 +170,8 @@ def _generated_task(forward, semantics, device, kind, kwargs):
     before = REFUSED[0]
     out = run_generated(kind, device=device, kernel_forward=forward, semantics=semantics, **kwargs)
     out.unsupported_calls = REFUSED[0] - before
-    try:
-        pickle.dumps(out.error)
+    try:                     # the parent must be able to rebuild it too (a failed load breaks the pool)
+        pickle.loads(pickle.dumps(out.error))
     except Exception:
         out.error = RuntimeError(f"{type(out.error).__name__}: {out.error}")
     return out
@@ -255,8 +255,12 @@ class CaseWorker:
         self._processes = list((getattr(pool, "_processes", None) or {}).values()) or self._processes
         try:
             result, trace = fut.result()
-        except BrokenProcessPool:
-            return "died", self._death()
+        except BrokenProcessPool as exc:
+            detail = self._death()
+            if exc.__cause__ is not None:   # the pool broke loading a result (its traceback): the child lived
+                raise HarnessError(f"the isolated worker of {self.spec} returned a result the harness cannot "
+                                   f"load (the worker was then stopped, not a crash):{exc.__cause__}") from exc
+            return "died", detail
         if trace is not None:
             raise HarnessError(f"the harness raised in the isolated worker of {self.spec}:\n{trace}")
         return "ok", result

@@ -67,6 +67,9 @@ class ParityFailure(AssertionError):
         super().__init__(message)
         self.case, self.result = case, result
 
+    def __reduce__(self):            # an isolated worker sends it back to the parent
+        return type(self), (self.case, self.result, self.args[0])
+
 
 class HarnessCrash(AssertionError):
     """The harness itself raised (not a finding): a bug in a comparator or generator."""
@@ -75,13 +78,19 @@ class HarnessCrash(AssertionError):
         super().__init__(f"harness raised {type(exc).__name__}: {exc} on {case.case_id}")
         self.case, self.exc = case, exc
 
+    def __reduce__(self):
+        return type(self), (self.case, self.exc)
+
 
 class Nondeterministic(AssertionError):
     """Two runs of one generated case gave different kernel bits (public case C27)."""
 
     def __init__(self, case, diffs: List[str]):
         super().__init__(f"nondeterministic kernel results for {case.case_id}: {diffs[:4]}")
-        self.case = case
+        self.case, self.diffs = case, diffs
+
+    def __reduce__(self):
+        return type(self), (self.case, self.diffs)
 
 
 @dataclass
