@@ -160,3 +160,23 @@ def test_real_kernel_breaking_exact_ties_toward_the_higher_id(monkeypatch, polic
         assert ties.empty
         bad = res.failures[res.failures["verdict"] == "wrong-index"]
         assert not bad.empty and bad["detail"].str.contains("exact ties go to the lower id").any()
+
+
+@pytest.mark.parametrize("ulps, verdict", [(1, "tie-equivalent"), (2, "wrong-index")])
+def test_a_rounding_boundary_of_the_cache_may_move_the_selection(ulps, verdict):
+    """docs/certificates.md §4.2: each side's row follows its own cache. Pool 2's key one bf16
+    ulp higher in the kernel's cache (a certifiable rounding boundary, §3.1) lifts it above its
+    near-tie pool 1, so the kernel selects pool 2 where the reference selects pool 1, 4.9e-3 apart
+    on the kernel's scores, far beyond the fp32 bounds: the score move the one-ulp key explains is
+    allowed. Two ulps (no certificate passes that cache) explain nothing: the rows fail."""
+    meta, ref, ctx = tie_setup()
+    kernel_cache = ctx.reference_cache.clone()
+    kernel_cache[1, 0, 0, 0] = 0.5 + ulps * 2.0 ** -8          # pool 2, channel 0: 0.5 + n bf16 ulps
+    ctx.kernel_cache = kernel_cache
+    rows = [t for t in range(ref.shape[0]) if int(meta.positions[t]) >= 11]   # pool 2 visible
+    assert all(int(ref[t, 0, 4]) == 4 for t in rows)             # the reference picks pool 1 there
+    kern = ref
+    for t in rows:
+        kern = swap_pool(kern, t, 1, 2)
+    found = compare_rows(kern, ref, meta, ctx, tie_policy="canonical")
+    assert _verdicts(found) == [verdict], found

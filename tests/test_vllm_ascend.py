@@ -107,7 +107,8 @@ def test_adapter_recognises_the_revision_shape_and_declares_its_semantics(which)
     assert (rev.compress, rev.pack_flag, rev.output_buffer, rev.extensions) == SHAPES[which]
     assert (impl.score_mode, impl.tie_policy, impl.validates, impl.package, impl.interp_rne) == \
         ("merged", "any", False, None, True)
-    assert impl.supports == ({"fixed-tail", "output-buffer"} if which == "new" else {"fixed-tail"})
+    # the new stand-in refuses token rows without a request, as 5a705b99 does (its source says so)
+    assert impl.supports == ({"fixed-tail", "output-buffer"} if which == "new" else {"fixed-tail", "requestless-rows"})
     assert SHAPES[which][0] in impl.description
 
 
@@ -188,7 +189,7 @@ def test_declared_defaults_apply_and_flags_override():
     impl = resolve(f"vllm-ascend:{STANDIN['old']}")
     sem = resolve_semantics(impl)
     assert (sem.score_mode, sem.tie_policy, sem.validate_with, sem.interp_rne, sem.supports) == \
-        ("merged", "any", "kpool", True, ("fixed-tail",))
+        ("merged", "any", "kpool", True, ("fixed-tail", "requestless-rows"))
     sem = resolve_semantics(impl, score_mode="relu", ties="canonical", validate_with="none", interp_rne=False,
                             supports=["all"])
     assert (sem.score_mode, sem.tie_policy, sem.validate_with, sem.interp_rne, sem.supports) == \
@@ -255,6 +256,25 @@ def test_bad_input_is_rejected_by_the_callers_validation_and_said_so(validate_wi
         assert res.ok and NOT_VALIDATED_NOTE in errors["detail"].iloc[0]
     else:
         assert not res.ok and errors["verdict"].iloc[0] == "not-rejected"
+
+
+@pytest.mark.parametrize("which", ["new", "old"])
+def test_a_revision_that_refuses_requestless_rows_is_unsupported_there_not_a_crash(which):
+    """The empty-steps case's ``R=0,T=2`` step (FULL-mode padding rows, no request): a revision
+    whose indexer raises on an empty ``cum_query_lens`` (5a705b99; the new stand-in) declares no
+    ``requestless-rows``, so that step is ``unsupported`` and every other step is still compared;
+    one that accepts it (the old stand-in) is compared there too, and its padding rows leak as
+    the fixed-layout revisions' do (docs/vendor-revisions.md §4.2)."""
+    from cases.coverage_cases import empty_steps_case
+    case = empty_steps_case()
+    res = _run(f"vllm-ascend:{STANDIN[which]}", case)
+    assert res.steps_run == len(case.steps)
+    other = res.findings[~res.findings["verdict"].isin(["exact", "tie-equivalent"])]
+    found = sorted(set(zip(other["step_name"], other["verdict"])))
+    if which == "new":
+        assert found == [("R=0,T=2", "unsupported")] and res.ok, other
+    else:
+        assert found == [("R=0,T=2", "padding-leak")], other
 
 
 def test_a_direct_call_check_needing_an_absent_mode_is_unsupported_not_a_crash():

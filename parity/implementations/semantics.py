@@ -32,10 +32,12 @@ operator) or ``none`` (the operator's own validation only)."""
 VALIDATED_BY = "parity_validated_by"
 """Attribute set on an exception raised by the harness's validation, not by the operator."""
 NOT_VALIDATED_NOTE = "not validated by the operator: rejected by the harness's kpool validation (--validate-with kpool)"
-MODES = ("no-tail", "fixed-tail", "output-buffer")
+MODES = ("no-tail", "fixed-tail", "output-buffer", "requestless-rows")
 """Optional modes of ``kpool.indexer.forward`` an implementation may lack: ``no-tail``
 (``always_select_tail=False``, kpool-algorithm.md §10), ``fixed-tail`` (``pack_tail=False``,
-§4.5), ``output-buffer`` (a caller ``output_buffer``, §4.6)."""
+§4.5), ``output-buffer`` (a caller ``output_buffer``, §4.6), ``requestless-rows`` (a selection
+over token rows with no request at all: ``R = 0``, ``T > 0``, a FULL-mode replay of padding
+only; §5.5 and §9 item 3 make it an empty batch, every row ``-1``)."""
 
 
 class UnsupportedModeError(Exception):
@@ -55,7 +57,8 @@ class UnsupportedModeError(Exception):
 
 
 MODE_ARGUMENTS = {"no-tail": "always_select_tail=False", "fixed-tail": "pack_tail=False",
-                  "output-buffer": "a caller output_buffer"}
+                  "output-buffer": "a caller output_buffer",
+                  "requestless-rows": "token rows but no request: cum_query_lens empty"}
 """The forward argument behind each mode of :data:`MODES`."""
 
 
@@ -68,7 +71,17 @@ def modes_needed(kwargs: dict) -> frozenset:
         needed.add("fixed-tail")
     if kwargs.get("output_buffer") is not None:
         needed.add("output-buffer")
+    if requestless_rows(kwargs):
+        needed.add("requestless-rows")
     return frozenset(needed)
+
+
+def requestless_rows(kwargs: dict) -> bool:
+    """Whether a forward call asks for a selection over token rows with no request (``R = 0``,
+    ``T > 0``: ``cum_query_lens`` empty, ``positions`` not)."""
+    cum, positions = kwargs.get("cum_query_lens"), kwargs.get("positions")
+    return (kwargs.get("compute_topk", True) is not False and cum is not None and positions is not None
+            and cum.numel() == 0 and positions.numel() > 0)
 
 
 def check_modes(supports) -> Optional[frozenset]:

@@ -38,6 +38,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import types
 from dataclasses import dataclass
@@ -195,17 +196,22 @@ class Revision:
             packed), or ``None`` (it writes the fixed layout only).
         output_buffer: the indexer takes ``output_buffer``.
         extensions: the triton-ascend extensions its files import (:data:`EXTENSIONS`).
+        requestless_rows: the indexer accepts token rows with no request (``cum_query_lens``
+            empty); False where its source raises on that before any launch (5a705b99:
+            ``ValueError("... nonempty queries require request boundaries.")``).
     """
 
     compress: str
     pack_flag: Optional[str]
     output_buffer: bool
     extensions: tuple
+    requestless_rows: bool = True
 
     @property
     def supports(self) -> frozenset:
         """The optional modes of ``parity.implementations.semantics.MODES`` it has."""
-        return frozenset({"fixed-tail"} | ({"output-buffer"} if self.output_buffer else set()))
+        return frozenset({"fixed-tail"} | ({"output-buffer"} if self.output_buffer else set())
+                         | ({"requestless-rows"} if self.requestless_rows else set()))
 
     def text(self) -> str:
         """One line: compression kind, indexer layout, extensions."""
@@ -226,7 +232,20 @@ def describe(ops: Operators) -> Revision:
     used = tuple(n for n in EXTENSIONS if any(getattr(m, n, None) is not None for m in (ops.indexer_module,
                                                                                          ops.compress_module)))
     pack_flag = next((f for f in ("pack_tail", "compact_indices") if f in indexer_params), None)
-    return Revision(compress, pack_flag, "output_buffer" in indexer_params, used)
+    return Revision(compress, pack_flag, "output_buffer" in indexer_params, used,
+                    requestless_rows=not REJECTS_REQUESTLESS.search(_source(ops.indexer)))
+
+
+REJECTS_REQUESTLESS = re.compile(r"cum_query_lens\.numel\(\)\s*==\s*0\s*:\s*\n\s*raise\b")
+"""An indexer that raises, before any launch, when it gets token rows but an empty
+``cum_query_lens`` (the check of lijiahang226@5a705b99)."""
+
+
+def _source(fn) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
 
 
 def packed_from_fixed(rows, positions, index_topk: int, index_kpool: int):
@@ -279,7 +298,8 @@ def make_forward(ops: Operators, rev: Optional[Revision] = None) -> Callable:
         positions, cum_query_lens, raw_seq_lens, seq_lens, slot_mapping, tail_slot_mapping = (
             None if t is None else t.contiguous()
             for t in (positions, cum_query_lens, raw_seq_lens, seq_lens, slot_mapping, tail_slot_mapping))
-        needs = {"no-tail": not always_select_tail, "output-buffer": output_buffer is not None and compute_topk}
+        needs = {"no-tail": not always_select_tail, "output-buffer": output_buffer is not None and compute_topk,
+                 "requestless-rows": compute_topk and cum_query_lens.numel() == 0 and positions.numel() > 0}
         missing = sorted(m for m, needed in needs.items() if needed and m not in rev.supports)
         if missing:
             raise KPoolUnsupportedError(f"unsupported by this vllm-ascend revision: {', '.join(missing)}")
@@ -304,7 +324,7 @@ def make_forward(ops: Operators, rev: Optional[Revision] = None) -> Callable:
         else:
             out = indexer(*args, **select)
             if pack_tail:
-                out = packed_from_fixed(out.reshape(out.shape[0], -1)[:, :W], positions, index_topk, index_kpool)
+                out = packed_from_fixed(out.flatten(1)[:, :W], positions, index_topk, index_kpool)   # T may be 0
         out = out if out.dim() == 3 else out[:, :W].unsqueeze(1)
         return out[:, :, :W]
 

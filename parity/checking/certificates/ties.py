@@ -265,14 +265,42 @@ def valid_top_k(pools: List[int], sb: ScoreBounds, classes: Optional[list] = Non
     return _exact_tie_order(sel, scores, classes) if classes is not None else None
 
 
-def _cross_check(sel_k: List[int], sel_r: List[int], K_pool: int, sb: ScoreBounds) -> Optional[str]:
+def cache_slack(kernel_keys: np.ndarray, reference_keys: np.ndarray, kernel_sb: ScoreBounds,
+                reference_sb: ScoreBounds) -> np.ndarray:
+    """float64 ``[v]``: per visible pool, how far the two caches move its exact score,
+    ``|S_kernel - S_reference|``, where every element of its two pooled keys is equal or one bf16
+    ulp apart (what a certified rounding boundary can change, parity-contract.md §3.1); 0
+    elsewhere (equal keys, or a difference no certificate passes: the cache check fails on it and
+    the rows get no slack; docs/certificates.md §4.2)."""
+    v = min(kernel_keys.shape[0], reference_keys.shape[0])
+    slack = np.zeros(kernel_sb.scores.shape[0])
+    if v == 0 or np.array_equal(kernel_keys[:v], reference_keys[:v]):
+        return slack
+
+    def order(keys):                 # bf16 values (exact in fp32) on a line where neighbours are 1 apart
+        bits = keys[:v].astype(np.float32).view(np.int32).astype(np.int64) >> 16
+        return np.where(bits < 0, -(bits & 0x7FFF), bits)
+    close = (np.abs(order(kernel_keys) - order(reference_keys)) <= 1).all(axis=1)
+    close &= ~np.isnan(kernel_keys[:v]).any(axis=1) & ~np.isnan(reference_keys[:v]).any(axis=1)
+    sk, sr = _effective(kernel_sb)[0][:v], _effective(reference_sb)[0][:v]
+    with np.errstate(invalid="ignore"):
+        moved = np.where(close & np.isfinite(sk) & np.isfinite(sr), np.abs(sk - sr), 0.0)
+    slack[:v] = np.nan_to_num(moved, nan=0.0, posinf=0.0)
+    return slack
+
+
+def _cross_check(sel_k: List[int], sel_r: List[int], K_pool: int, sb: ScoreBounds,
+                 slack: Optional[np.ndarray] = None) -> Optional[str]:
     """The conditions between the two rows, on one side's scores (docs/certificates.md §4.2):
     every pool in the symmetric difference of the selections is within ``b_p + max b`` of the
     boundary score (the ``K_pool``-th largest exact score, parity-contract.md §3.2), and every
     two pools the rows rank in opposite orders are within ``b_a + b_b`` of each other. Both
     follow from :func:`valid_top_k` of both rows when the two caches agree; when they differ
-    (a certified rounding boundary, or a cache fault) they are what ties the rows together."""
+    (a certified rounding boundary, or a cache fault) they are what ties the rows together;
+    ``slack`` (:func:`cache_slack`) widens each pool's tolerance by what a one-ulp difference of
+    its key (a rounding boundary) moved its score."""
     scores, bounds = _effective(sb)
+    slack = np.zeros(scores.shape[0]) if slack is None else slack
     free = sb.free
     finite = np.isfinite(scores) & ~free
     if not finite.any():
@@ -282,21 +310,21 @@ def _cross_check(sel_k: List[int], sel_r: List[int], K_pool: int, sb: ScoreBound
     # free pools (§2.4) may take up to that many slots above the boundary: a band of boundaries
     last = min(K_pool, ranked.size) - 1
     low, high = ranked[last], ranked[max(last - int(free.sum()), 0)]
-    b_max = float(bounds[finite].max())
+    b_max = float(bounds[finite].max()) + float(slack[finite].max())
     for p in sorted(set(sel_k) ^ set(sel_r)):
         if p >= v or free[p]:
             continue
         off = max(low - scores[p], scores[p] - high, 0.0)
-        if off > bounds[p] + b_max:
+        if off > bounds[p] + slack[p] + b_max:
             return (f"pool {p} is {off:.3g} from the boundary score {low:.6g}, "
-                    f"beyond the accumulation bound {bounds[p] + b_max:.3g}")
+                    f"beyond the accumulation bound {bounds[p] + slack[p] + b_max:.3g}")
     rank_r = {p: i for i, p in enumerate(sel_r)}
     common = np.array([p for p in sel_k if p in rank_r and p < v and not free[p]], dtype=np.int64)  # kernel order
     if common.size > 1:
         rr = np.array([rank_r[p] for p in common])
         swapped = np.triu(rr[:, None] > rr[None, :], k=1)            # a before b in kernel, after in reference
         gap = np.abs(scores[common][:, None] - scores[common][None, :])
-        tol = bounds[common][:, None] + bounds[common][None, :]
+        tol = (bounds + slack)[common][:, None] + (bounds + slack)[common][None, :]
         bad = np.argwhere(swapped & (gap > tol))
         if bad.size:
             a, b = (int(common[i]) for i in bad[0])
@@ -347,9 +375,10 @@ def certify_tie_row(ctx: TieContext, t: int, kernel_row: Sequence[int], referenc
     # a free pool (§2.4) may be left out on one side only: the -1 slots may then differ
     if not any(sb.free.any() for *_, sb in sides) and [p < 0 for p in kp] != [p < 0 for p in rp]:
         return False, "the -1 slots differ"
+    slack = cache_slack(sides[0][2], sides[1][2], sides[0][3], sides[1][3])
     for name, pools, keys, sb in sides:
         classes = exact_tie_classes(ctx, keys, sb) if tie_policy == "canonical" else None
-        why = valid_top_k(pools, sb, classes) or _cross_check(sel_k, sel_r, len(kp), sb)
+        why = valid_top_k(pools, sb, classes) or _cross_check(sel_k, sel_r, len(kp), sb, slack)
         if why:
             return False, f"{name} row: {why}"
     return True, ""

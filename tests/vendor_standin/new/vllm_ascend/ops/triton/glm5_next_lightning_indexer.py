@@ -57,7 +57,10 @@ def _copy_rows(src, dst):
 def glm5_next_lightning_indexer_triton(query, indexer_cache, weights, cum_query_lens, indexer_seq_lens,
                                        indexer_block_table, positions, *, index_topk, index_kpool, max_pool_seq_len,
                                        output_buffer=None, pack_tail=False, allow_cache_packing=True):
-    """int32 [T, 1, index_topk + index_kpool - 1] token ids of the head-merged lightning indexer."""
+    """int32 [T, 1, index_topk + index_kpool - 1] token ids of the head-merged lightning indexer.
+    Token rows without any request are refused, as the newest public revision refuses them."""
+    if positions.numel() and cum_query_lens.numel() == 0:
+        raise ValueError("stand-in: token rows without request boundaries")
     rows = standin_ops.lightning_indexer(
         query, indexer_cache, weights, cum_query_lens, indexer_seq_lens, indexer_block_table, positions,
         index_topk=index_topk, index_kpool=index_kpool, max_pool_seq_len=max_pool_seq_len,
