@@ -73,6 +73,13 @@ def test_two_ulp_difference_fails_with_location():
     assert (row["verdict"], row["mismatches"], row["page"], row["page_row"], row["channel"]) == \
         ("cache-mismatch", 1, 1, 0, 0)
     assert "2 bf16 ulps apart" in row["detail"]
+    # where the exact value is, so an engineer sees which side moved: the reference's value is the
+    # rounding of y64 (half an ulp from it), the kernel two ulps further
+    y = certs.pooled_value_f64(ctx.window(1, 0).k.numpy(), ctx.window(1, 0).gate.numpy(), ctx.ape.numpy())[0]
+    assert f"exact y64={float(y)!r}" in row["detail"] and "fp32 error bound" in row["detail"]
+    kernel_off = float(row["detail"].split("kernel ")[1].split(" ")[0])
+    reference_off = float(row["detail"].split("reference ")[1].split(" ")[0])
+    assert kernel_off > 2 * reference_off
 
 
 @pytest.mark.parametrize("budget", [32, 64])

@@ -239,10 +239,20 @@ def certify_rounding_boundaries(kernel_bits: torch.Tensor, reference_bits: torch
         # is judged like an adjacent pair with midpoint 0: either sign is conforming when the
         # exact value is within the bound of 0
         zeros = kv[n] == 0 and rv[n] == 0
+        win = context.window(page, prow) if not reasons else None    # only the first reason is reported
+        if win is not None and (page, prow) not in of_row:
+            of_row[(page, prow)] = pooled_value_and_bound_f64(win.k.cpu().numpy(), win.gate.cpu().numpy(), ape,
+                                                              budget_ulps=context.budget_ulps)
         if int(key_gap[n]) != 1 and not zeros:
-            reasons.append(f"{where}: {int(key_gap[n])} bf16 ulps apart, not adjacent")
+            # say where the exact value lies: which side is off, and by how much against the bound
+            exact = ""
+            if win is not None:
+                y, bound = float(of_row[(page, prow)][0][ch]), float(of_row[(page, prow)][1][ch])
+                exact = (f"; exact y64={y!r}: kernel {abs(kv[n] - y):.3g} and reference {abs(rv[n] - y):.3g} "
+                         f"from it, fp32 error bound {bound:.3g}")
+            reasons.append(f"{where}: {int(key_gap[n])} bf16 ulps apart, not adjacent{exact}")
             continue
-        win = context.window(page, prow)
+        win = win or context.window(page, prow)
         if win is None:
             reasons.append(f"{where}: row not written this step, no window")
             continue
