@@ -235,6 +235,25 @@ def test_compiled_backends_tiling_matches_oracle(P, extra, monkeypatch):
     _chunked_prefill_against_oracle(P, extra)
 
 
+@pytest.mark.parametrize("P,extra", [(1, 3), (3, 0), (4, 3)])
+def test_latency_tiling_matches_oracle(P, extra, monkeypatch):
+    """The compiled backends' latency tile (launches of at most ``latency_rows`` rows: one
+    pool's P rows x BLOCK_D channels, rows at once) under the interpreter, with fewer programs
+    than tiles: decode steps of several requests, padded rows, chunked prefill (P=3: a tile of
+    3 rows in 4 lanes)."""
+    from kpool.ops import plan
+    monkeypatch.setitem(plan.TUNING["compress"], "cpu", dict(BLOCK_J=64, BLOCK_D=8, D_SPLIT=0, window=2 ** 20,
+                                                             cap=3, latency_rows=10 ** 6))
+    tiles = plan.compress_plan(9, 16, P, "cpu").constexprs
+    assert tiles["ROWS_AT_ONCE"] and tiles["BLOCK_J"] == 1 and tiles["D_SPLIT"] == 8
+    first = [P + 1, 2, max(1, P - 1)]
+    sim = Sim(P=P, C=P + extra, lengths=[n + P + 1 for n in first], seed=7 * P + extra)
+    sim.step(list(enumerate(first)))
+    for _ in range(P + 1):                                    # decode rows, every residue mod P
+        sim.step([(0, 1), (1, 1), (2, 1)], num_tokens=5)      # 2 padded rows
+    _chunked_prefill_against_oracle(P, extra)
+
+
 def test_grid_stride_loop_and_partial_blocks(monkeypatch):
     """Tiny tiles (one pool lane, channel chunks of 4) and a tiny grid force several grid-stride
     iterations per program, tiles across request boundaries (the per-row path) and partial last

@@ -170,6 +170,20 @@ def test_launch_plan_iterations_and_programs():
     assert plan.compress_plan(10 ** 6, 128, 4, "cuda", cores=132).grid == 132 * plan.TUNING["compress"]["cuda"]["per_core"]
 
 
+def test_compress_programs_per_shape_on_the_h200():
+    """Issue 20 point 2: a decode batch's compression spreads over programs (one pool's P rows
+    x BLOCK_D channels per tile) instead of one program walking P row groups; a long prefill
+    keeps the throughput tile (docs/kernels.md "Compression without latency")."""
+    def programs(rows):
+        p = plan.compress_plan(rows, 128, 4, "cuda", cores=132)
+        return p.grid, p.iters, p.constexprs["ROWS_AT_ONCE"]
+    assert programs(64) == (32, 1, True)                     # decode 64 rows: 16 row tiles x 2 chunks
+    assert programs(1) == (2, 1, True)                       # batch 1
+    edge = plan.TUNING["compress"]["cuda"]["latency_rows"]
+    assert programs(edge) == (min(528, edge // 2), plan.cdiv(edge // 2, 528), True)
+    assert programs(65536) == (528, 2, False)                # 64k prefill: 1024 tiles of 64 rows x D
+
+
 def test_vector_view_divides_offsets_and_strides_by_the_common_alignment():
     backing = torch.zeros(1000, dtype=torch.bfloat16)
     view = backing[24:24 + 8 * 16].view(8, 16)

@@ -79,16 +79,23 @@ def test_only_intended_arguments_are_specialized(name):
 def test_compiled_tiles_ignore_the_batch(backend, head_dim):
     """On compiled backends every constexpr of every plan depends on the configuration only
     (P, D, H), never on the rows, requests or pool counts of a batch: one compile per
-    configuration."""
-    def constexprs(make):
-        return {tuple(sorted(make(n).constexprs.items())) for n in (1, 7, 299, 4096)}
-    assert len(constexprs(lambda n: plan.compress_plan(n, head_dim, 4, backend, cores=8))) == 1
+    configuration. The compression has two fixed variants, picked by ``T`` alone: the latency
+    tile up to ``latency_rows`` rows, the throughput tile above."""
+    def constexprs(make, sizes=(1, 7, 299, 4096)):
+        return {tuple(sorted(make(n).constexprs.items())) for n in sizes}
+    edge = plan.TUNING["compress"][backend]["latency_rows"]
+    compress = lambda n: plan.compress_plan(n, head_dim, 4, backend, cores=8)  # noqa: E731
+    (latency,) = constexprs(compress, (1, 7, edge // 2, edge))
+    (throughput,) = constexprs(compress, (edge + 1, 4096, 10 ** 5))
+    latency = dict(latency)
+    assert latency["ROWS_AT_ONCE"] and latency["BLOCK_J"] == 1 and latency["D_SPLIT"] == latency["BLOCK_D"]
+    assert latency["BLOCK_R"] * latency["BLOCK_D"] <= plan.TUNING["compress"][backend]["window"]
+    assert not dict(throughput)["ROWS_AT_ONCE"]
     assert len(constexprs(lambda n: plan.ring_write_plan(n, head_dim, backend, cores=8))) == 1
     assert len(constexprs(lambda n: plan.score_decode_plan(n, n + 5, 32, head_dim, backend, cores=8))) == 1
     assert len(constexprs(lambda n: plan.score_prefill_plan(n, n, 3 * n, n + 5, head_dim, backend, cores=8))) == 1
     assert len(constexprs(lambda n: plan.expand_plan(n, 2051, backend, cores=8))) == 1
-    (tiles,) = constexprs(lambda n: plan.compress_plan(n, head_dim, 4, backend, cores=8))
-    tiles = dict(tiles)
+    tiles = dict(throughput)
     assert tiles["BLOCK_D"] <= head_dim and tiles["BLOCK_J"] * tiles["BLOCK_D"] * 4 <= plan.TUNING["compress"][backend]["window"]
 
 

@@ -16,12 +16,14 @@ Tiling (``kpool.ops.plan.compress_plan``): a tile is ``BLOCK_J * P`` consecutive
 When the tile lies inside one request (every prefill tile but the edges), its rows have
 consecutive positions (validation guarantees it), so exactly ``BLOCK_J`` of them complete a
 pool, every ``P``-th from the first: one lane per pool, no idle lanes. Any other tile (request
-boundaries, decode batches) walks its rows as ``P`` groups of ``BLOCK_J`` lanes. Channels go in
-chunks of ``BLOCK_D`` so the live tiles stay in registers (no spills). ``T_live`` is read on the
-device (``kpool.ops._portable.live_rows``): nothing here reads device data on the host, so the
-launches can be captured in a graph. Every guard (live row, position window, slot and ring
-block in range) is evaluated in the kernel, so bad metadata never writes and never faults;
-validation proper is the caller's job (``kpool/indexer.py``).
+boundaries, decode batches) walks its rows as ``P`` groups of ``BLOCK_J`` lanes. A launch of few
+rows (``T <= latency_rows``: decode) takes the latency tile instead, one pool's ``P`` rows x
+``BLOCK_D`` channels, all rows at once (``ROWS_AT_ONCE``), so its rows and channels spread over
+many programs. Channels go in chunks of ``BLOCK_D`` so the live tiles stay in registers (no
+spills). ``T_live`` is read on the device (``kpool.ops._portable.live_rows``): nothing here reads
+device data on the host, so the launches can be captured in a graph. Every guard (live row,
+position window, slot and ring block in range) is evaluated in the kernel, so bad metadata never
+writes and never faults; validation proper is the caller's job (``kpool/indexer.py``).
 """
 from __future__ import annotations
 
@@ -183,24 +185,25 @@ def _compress_kernel(
         d_end = tl.minimum(d_first + D_SPLIT, D)
         t0 = (tile // n_chunks) * (BLOCK_J * P)
         t1 = t0 + (BLOCK_J * P - 1)
-        r0 = request_of_rows(t0, cum_query_lens_ptr, num_requests, search_steps)
-        r1 = request_of_rows(t1, cum_query_lens_ptr, num_requests, search_steps)
-        qs0 = tl.load(cum_query_lens_ptr + r0 - 1, mask=r0 > 0, other=0)
-        qe0 = tl.load(cum_query_lens_ptr + r0)
-        # A tile inside one request has consecutive positions (validated metadata), so its
-        # completing rows are every P-th from the first one: one group of BLOCK_J lanes, each
-        # lane a pool. Any other tile walks all its rows as P groups (lane = row).
-        single = (r0 == r1) & (t0 >= qs0) & (t1 < qe0) & (t1 < t_live)
-        pos0 = tl.load(positions_ptr + t0 * stride_positions_t, mask=single, other=P - 1).to(tl.int32)
-        first = (P - 1) - (pos0 % P)
-        groups = tl.where(single, 1, P)
         if ROWS_AT_ONCE:
-            # The interpreter pays per operation, not per lane: every row of the tile in one
-            # group (lane = row) is the cheapest there. Compiled backends never trace this.
+            # Every row of the tile in one group (lane = row): the interpreter pays per
+            # operation, not per lane, and a compiled latency tile (one pool's P rows) then runs
+            # one pass of the window instead of P dependent ones.
             rows = t0 + tl.arange(0, BLOCK_R)
             group_rows = tl.where(rows <= t1, rows, num_rows)
             groups = 1
         else:
+            r0 = request_of_rows(t0, cum_query_lens_ptr, num_requests, search_steps)
+            r1 = request_of_rows(t1, cum_query_lens_ptr, num_requests, search_steps)
+            qs0 = tl.load(cum_query_lens_ptr + r0 - 1, mask=r0 > 0, other=0)
+            qe0 = tl.load(cum_query_lens_ptr + r0)
+            # A tile inside one request has consecutive positions (validated metadata), so its
+            # completing rows are every P-th from the first one: one group of BLOCK_J lanes, each
+            # lane a pool. Any other tile walks all its rows as P groups (lane = row).
+            single = (r0 == r1) & (t0 >= qs0) & (t1 < qe0) & (t1 < t_live)
+            pos0 = tl.load(positions_ptr + t0 * stride_positions_t, mask=single, other=P - 1).to(tl.int32)
+            first = (P - 1) - (pos0 % P)
+            groups = tl.where(single, 1, P)
             group_rows = t0 + first + lanes * P          # group g: these rows + g
         for group in range(0, groups):
             _compress_rows(group_rows + group, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cache_ptr,

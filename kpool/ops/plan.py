@@ -52,8 +52,11 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # BLOCK_J * BLOCK_D * P <= window: the P window tiles of K and gate stay in registers (no
     # spills on sm_90: tests/test_cuda_compile.py). BLOCK_D=0: next_pow2(D).
     # D_SPLIT: channels per tile (0: all), walked in chunks of BLOCK_D.
-    "compress": {"cuda": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=4, num_warps=8),
-                 "npu": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=1),
+    # latency_rows: a launch of at most this many rows T (decode, short batches) takes the
+    # latency tile instead (compress_plan): a fixed second variant, chosen from T alone.
+    "compress": {"cuda": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=4, num_warps=8,
+                              latency_rows=1024),
+                 "npu": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=1, latency_rows=256),
                  "cpu": dict(BLOCK_J=64, BLOCK_D=0, D_SPLIT=0, window=2 ** 20, cap=4, rows_at_once=True)},
     "ring_write": {"cuda": dict(BLOCK_T=8, per_core=8, num_warps=4),
                    "npu": dict(BLOCK_T=16, per_core=1),
@@ -220,22 +223,35 @@ def compress_plan(num_rows: int, head_dim: int, index_kpool: int, device, launch
               cores: Optional[int] = None) -> LaunchPlan:
     """Launch 1 of the cache update (kpool-algorithm.md §5.1-§5.3): tiles of ``BLOCK_J * P``
     token rows x ``D_SPLIT`` channels (tile ``i``: row tile ``i // cdiv(D, D_SPLIT)``, channel
-    chunk ``i % cdiv(D, D_SPLIT)``); a tile inside one request compresses its ``BLOCK_J`` pools
-    (one per lane), any other tile walks its rows in ``P`` groups of ``BLOCK_J``. Channels in
-    chunks of ``BLOCK_D``. Sized by ``T`` (host), never by the live rows (device data)."""
+    chunk ``i % cdiv(D, D_SPLIT)``), channels in chunks of ``BLOCK_D``. Two tilings:
+
+    * throughput (``T > latency_rows``, prefill): ``BLOCK_J`` pools per tile; a tile inside one
+      request compresses its ``BLOCK_J`` pools (one per lane), any other tile walks its rows in
+      ``P`` groups of ``BLOCK_J``;
+    * latency (``T <= latency_rows``, decode): one pool's ``P`` rows x ``BLOCK_D`` channels per
+      tile, all rows at once (``ROWS_AT_ONCE``, lane = row), so a decode batch's rows and
+      channels spread over many programs instead of one program walking ``P`` dependent row
+      groups and every channel chunk (issue 20 point 2).
+
+    The interpreter always takes rows at once, its tile shrunk to ``T``. Sized by ``T`` (host),
+    never by the live rows (device data): graph capture is unchanged."""
     backend = backend_of(device)
     tune = TUNING["compress"][backend]
     block_d = min(tune["BLOCK_D"] or next_pow2(head_dim), next_pow2(head_dim))
-    block_j = max(1, min(tune["BLOCK_J"], tune["window"] // (block_d * int(index_kpool))))
-    block_j = 1 << (block_j.bit_length() - 1)                       # a power of two
-    if backend == "cpu":   # the interpreter pays per op: one tile per few rows, shrunk to T
-        block_j = max(1, min(block_j, next_pow2(cdiv(num_rows, index_kpool))))
+    rows_at_once = bool(tune.get("rows_at_once", False))
+    if int(num_rows) <= tune.get("latency_rows", 0):
+        block_j, d_split, rows_at_once = 1, block_d, True
+    else:
+        block_j = max(1, min(tune["BLOCK_J"], tune["window"] // (block_d * int(index_kpool))))
+        block_j = 1 << (block_j.bit_length() - 1)                       # a power of two
+        if backend == "cpu":   # the interpreter pays per op: one tile per few rows, shrunk to T
+            block_j = max(1, min(block_j, next_pow2(cdiv(num_rows, index_kpool))))
+        d_split = max(block_d, min(tune.get("D_SPLIT") or next_pow2(head_dim), next_pow2(head_dim)))
+        d_split = -(-d_split // block_d) * block_d
     rows_per_tile = block_j * index_kpool
-    d_split = max(block_d, min(tune.get("D_SPLIT") or next_pow2(head_dim), next_pow2(head_dim)))
-    d_split = -(-d_split // block_d) * block_d
     return _make("compress", cdiv(num_rows, rows_per_tile) * cdiv(head_dim, d_split), backend, device,
                  dict(P=int(index_kpool), BLOCK_J=block_j, BLOCK_D=block_d, D_SPLIT=d_split,
-                      ROWS_AT_ONCE=bool(tune.get("rows_at_once", False)), BLOCK_R=next_pow2(rows_per_tile)),
+                      ROWS_AT_ONCE=rows_at_once, BLOCK_R=next_pow2(rows_per_tile)),
                  launch_options, cores)
 
 

@@ -10,7 +10,7 @@ tile. They describe the launch; they never change it, and they read no private a
 
 * compression (launch 1), ``ops/compress.py``: tiles of ``BLOCK_J * P`` token rows of the ``T``
   rows x ``D_SPLIT`` channels (a tile inside one request compresses one pool per lane, any other
-  walks its rows);
+  walks its rows; launches of at most ``latency_rows`` rows take one pool's rows per tile);
 * ring write (launch 2): tiles of ``BLOCK_T`` token rows;
 * scoring, ``ops/score.py``: per score chunk (``kpool.indexer`` splits the rows into chunks of the
   key scratch; each chunk is its own launches), the decode kernel (requests of at most

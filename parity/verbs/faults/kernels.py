@@ -101,7 +101,8 @@ KERNEL_FAULTS = {
 
 DEVICE_ONLY = {
     "completing-row-offset": "the CPU plan compresses a tile's rows at once (rows_at_once=True in kpool/ops/plan.py); "
-                             "the per-group path that uses the first completing row runs on devices only",
+                             "the per-group path that uses the first completing row runs on devices only, in "
+                             "launches of more than latency_rows rows (the glm5.3-flash seed cases' long steps)",
     "expand-one-pass": "the CPU plan caps the expansion grid at GRID_LIMIT programs (kpool/ops/plan.py: one "
                        "pass covers every tile); a device grid is cores-capped, so a GLM-size step iterates",
     "compress-store-int32": "needs a compressed cache of >= 2**31 elements (4 GiB of bf16): "
