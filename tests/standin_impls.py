@@ -21,7 +21,7 @@ def kpool_forward(**kwargs):
 
 no_output_buffer = Implementation(
     "tests.standin_impls:no_output_buffer", kpool_forward,
-    supports=frozenset({"no-tail", "fixed-tail", "requestless-rows"}),
+    supports=frozenset({"no-tail", "fixed-tail"}),
     description="kpool's kernels declaring no caller output buffer (tests of 'unsupported by IMPL')")
 """Declares every mode but ``output-buffer``: the steps of ``full-padding`` with a caller buffer
 are ``unsupported``, the others run."""
