@@ -280,6 +280,7 @@ def make_forward(ops: Operators, rev: Optional[Revision] = None) -> Callable:
     mode outside :attr:`Revision.supports` (the harness reports those ``unsupported`` before it
     calls); then whatever the operators raise.
     """
+    from .semantics import requestless_rows
     from .vendor_state import compress_through_state
     rev = rev or describe(ops)
     compress, indexer = ops.compress, ops.indexer
@@ -299,7 +300,8 @@ def make_forward(ops: Operators, rev: Optional[Revision] = None) -> Callable:
             None if t is None else t.contiguous()
             for t in (positions, cum_query_lens, raw_seq_lens, seq_lens, slot_mapping, tail_slot_mapping))
         needs = {"no-tail": not always_select_tail, "output-buffer": output_buffer is not None and compute_topk,
-                 "requestless-rows": compute_topk and cum_query_lens.numel() == 0 and positions.numel() > 0}
+                 "requestless-rows": requestless_rows(dict(compute_topk=compute_topk, cum_query_lens=cum_query_lens,
+                                                           positions=positions))}
         missing = sorted(m for m, needed in needs.items() if needed and m not in rev.supports)
         if missing:
             raise KPoolUnsupportedError(f"unsupported by this vllm-ascend revision: {', '.join(missing)}")

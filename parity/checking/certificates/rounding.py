@@ -239,12 +239,13 @@ def certify_rounding_boundaries(kernel_bits: torch.Tensor, reference_bits: torch
         # is judged like an adjacent pair with midpoint 0: either sign is conforming when the
         # exact value is within the bound of 0
         zeros = kv[n] == 0 and rv[n] == 0
-        win = context.window(page, prow) if not reasons else None    # only the first reason is reported
+        adjacent = int(key_gap[n]) == 1 or zeros
+        # the exact value: needed to certify, and said for the first non-adjacent element (which side moved)
+        win = context.window(page, prow) if adjacent or not reasons else None
         if win is not None and (page, prow) not in of_row:
             of_row[(page, prow)] = pooled_value_and_bound_f64(win.k.cpu().numpy(), win.gate.cpu().numpy(), ape,
                                                               budget_ulps=context.budget_ulps)
-        if int(key_gap[n]) != 1 and not zeros:
-            # say where the exact value lies: which side is off, and by how much against the bound
+        if not adjacent:
             exact = ""
             if win is not None:
                 y, bound = float(of_row[(page, prow)][0][ch]), float(of_row[(page, prow)][1][ch])
@@ -252,13 +253,9 @@ def certify_rounding_boundaries(kernel_bits: torch.Tensor, reference_bits: torch
                          f"from it, fp32 error bound {bound:.3g}")
             reasons.append(f"{where}: {int(key_gap[n])} bf16 ulps apart, not adjacent{exact}")
             continue
-        win = win or context.window(page, prow)
         if win is None:
             reasons.append(f"{where}: row not written this step, no window")
             continue
-        if (page, prow) not in of_row:
-            of_row[(page, prow)] = pooled_value_and_bound_f64(win.k.cpu().numpy(), win.gate.cpu().numpy(), ape,
-                                                              budget_ulps=context.budget_ulps)
         y, bound, terms = (float(v[ch]) for v in of_row[(page, prow)])
         mid = float(0.5 * (kv[n] + rv[n]))
         if math.isnan(bound):

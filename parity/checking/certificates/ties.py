@@ -283,9 +283,8 @@ def cache_slack(kernel_keys: np.ndarray, reference_keys: np.ndarray, kernel_sb: 
     close = (np.abs(order(kernel_keys) - order(reference_keys)) <= 1).all(axis=1)
     close &= ~np.isnan(kernel_keys[:v]).any(axis=1) & ~np.isnan(reference_keys[:v]).any(axis=1)
     sk, sr = _effective(kernel_sb)[0][:v], _effective(reference_sb)[0][:v]
-    with np.errstate(invalid="ignore"):
-        moved = np.where(close & np.isfinite(sk) & np.isfinite(sr), np.abs(sk - sr), 0.0)
-    slack[:v] = np.nan_to_num(moved, nan=0.0, posinf=0.0)
+    with np.errstate(invalid="ignore"):              # inf - inf where a side is not finite: masked out
+        slack[:v] = np.where(close & np.isfinite(sk) & np.isfinite(sr), np.abs(sk - sr), 0.0)
     return slack
 
 
