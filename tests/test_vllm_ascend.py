@@ -265,6 +265,7 @@ def test_a_revision_that_refuses_requestless_rows_is_unsupported_there_not_a_cra
     ``requestless-rows``, so that step is ``unsupported`` and every other step is still compared;
     one that accepts it (the old stand-in) is compared there too, and its padding rows leak as
     the fixed-layout revisions' do (docs/vendor-revisions.md §4.2)."""
+    _needs_interpreter(which)
     from cases.coverage_cases import empty_steps_case
     case = empty_steps_case()
     res = _run(f"vllm-ascend:{STANDIN[which]}", case)
