@@ -189,9 +189,14 @@ def test_guaranteed_cases_cover_empty_steps_and_every_residue(device):
 
 
 @pytest.mark.integration
-def test_generated_run_reports_complete_residues_and_empty_steps(device):
+def test_generated_run_reports_complete_residues_and_empty_steps(device, monkeypatch):
     """The ``ci`` generated suite's coverage report says every residue of every P it drew was
-    seen and the empty batch was exercised (it said "empty batch NOT EXERCISED" before)."""
+    seen and the empty batch was exercised (it said "empty batch NOT EXERCISED" before). The
+    guaranteed-coverage cases do that; issue 19's fixed family cases (structure, unvalidated,
+    exactness) are switched off here: they are not about residues, and the coverage tests of
+    each kind run them (they cost about 100 s of this test on the CPU)."""
+    from cases.families import FAMILIES_OFF_ENV
+    monkeypatch.setenv(FAMILIES_OFF_ENV, "structure,unvalidated,exactness")
     from parity.findings.coverage import Coverage
     from parity.running.generated import run_generated
     from cases.profiles import load_profile
