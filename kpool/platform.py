@@ -115,7 +115,8 @@ def launch_options(device: str) -> dict:
 
 
 def install_interpreter_compat() -> bool:
-    """Make runtime loop bounds work in the Triton interpreter under NumPy >= 2.3; idempotent.
+    """Make runtime loop bounds work in the Triton interpreter under NumPy >= 2.3, and helper calls
+    cheap (:func:`kpool.interpreter_calls.install`); idempotent.
 
     Why: the interpreter wraps every scalar kernel argument and ``tl.program_id`` in a
     1-element 1-D array and converts it for ``range(...)`` with ``int(array)``, which NumPy >= 2.3
@@ -141,6 +142,9 @@ def install_interpreter_compat() -> bool:
     import warnings
 
     import numpy as np
+
+    from . import interpreter_calls
+    interpreter_calls.install()     # helper calls without re-patching the language (speed only)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         try:
