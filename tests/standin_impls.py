@@ -47,6 +47,17 @@ def segfault_always(**kwargs):
     ctypes.string_at(0)
 
 
+def segfault_on_requestless_rows(**kwargs):
+    """``kpool.indexer.forward``, except that a selection over token rows with no request
+    (``R = 0``, ``T > 0``: FULL-mode padding only) kills the process with a segfault, as
+    zzhx1@3ebb4fc4's indexer does under the interpreter (it launches on an empty batch and reads
+    ``seq_lens[-1]``; docs/vendor-revisions.md §7)."""
+    from parity.implementations.semantics import requestless_rows
+    if requestless_rows(kwargs):
+        ctypes.string_at(0)
+    return kpool_forward(**kwargs)
+
+
 def tail_column_off(**kwargs):
     """``kpool.indexer.forward`` with every selected index ``>= 0`` moved by one: a wrong answer
     (not a crash) on every step with a selection, for the isolated generated suite's failure path."""

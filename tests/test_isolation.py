@@ -105,6 +105,28 @@ def test_an_isolated_generated_failure_comes_back_as_its_finding():
     assert "generated case failed" in str(gen.error) and "SIGTERM" not in str(gen.error)
 
 
+@pytest.mark.integration
+def test_a_generated_case_that_kills_the_worker_is_one_crash_and_the_rest_still_runs():
+    """The generated engine cases on an implementation that segfaults on token rows with no
+    request (the empty-steps guaranteed case, as 3ebb4fc4 does): that case comes back as one
+    ``crash`` finding naming it, and every other case runs in a fresh worker and passes (before,
+    the dead worker ended the whole kind: "0 examples run, FAILED (crash)")."""
+    from parity.implementations.semantics import RunSemantics
+    with CaseWorker("tests.standin_impls:segfault_on_requestless_rows", RunSemantics(), "cpu") as worker:
+        gen = worker.run_generated("engine", {"examples": 3, "check_oracle": False})
+        assert worker.starts == 2                              # one crash, one fresh worker
+    assert not gen.ok and gen.failure_kind == "crash", (gen.failure_kind, gen.error)
+    assert len(gen.crashes) == 1
+    case, res = gen.crashes[0]
+    assert (gen.case, gen.result) == (case, res)
+    assert any(not s.batch.requests and (s.batch.num_tokens or 0) > 0 for s in case.steps), case.case_id
+    crash = res.failures
+    assert list(crash["verdict"]) == ["crash"] and "SIGSEGV" in crash["detail"].iloc[0]
+    assert case.case_id in str(gen.error) and "fresh worker" in str(gen.error)
+    # the rest ran: the guaranteed cases after it and the drawn examples, all passing
+    assert gen.passed_examples >= 3 and gen.examples > gen.passed_examples
+
+
 def test_generated_failures_survive_pickling():
     import pickle
 

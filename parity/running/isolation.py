@@ -22,7 +22,6 @@ Importing this module imports neither torch nor any kernel.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import multiprocessing as mp
 import os
@@ -32,6 +31,8 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Dict, List, Optional, Sequence
+
+from .case_records import record_case, recorded_case
 
 ISOLATE_CHOICES = ("auto", "on", "off")
 """``--isolate`` values (module docstring)."""
@@ -160,15 +161,18 @@ def _public_task(forward, semantics, device, pc, package):
                                                 package=package)]
 
 
-def _generated_task(forward, semantics, device, kind, kwargs):
-    """Run one generated kind (:func:`parity.running.generated.driver.run_generated`) in the child; an
-    error that cannot be pickled back is replaced by a ``RuntimeError`` with its text."""
+def _generated_task(forward, semantics, device, kind, kwargs, record_path=None):
+    """Run one generated kind (:func:`parity.running.generated.driver.run_generated`) in the child,
+    recording each case at ``record_path`` before it runs; an error that cannot be pickled back
+    is replaced by a ``RuntimeError`` with its text."""
     import pickle
 
     from .generated.driver import run_generated
     from ..implementations.semantics import REFUSED
     before = REFUSED[0]
-    out = run_generated(kind, device=device, kernel_forward=forward, semantics=semantics, **kwargs)
+    on_example = functools.partial(record_case, record_path) if record_path else None
+    out = run_generated(kind, device=device, kernel_forward=forward, semantics=semantics, on_example=on_example,
+                        **kwargs)
     out.unsupported_calls = REFUSED[0] - before
     try:                     # the parent must be able to rebuild it too (a failed load breaks the pool)
         pickle.loads(pickle.dumps(out.error))
@@ -197,6 +201,11 @@ TASKS = {"case": _case_task, "public": _public_task, "generated": _generated_tas
 
 
 # --------------------------------------------------------------------------- parent side
+
+MAX_GENERATED_CRASHES = 3
+"""Crashing cases one generated kind may report before it stops (each costs a fresh worker and
+a re-run of the kind up to that case)."""
+
 
 class WorkerDied(RuntimeError):
     """The child process died (signal, abort, exit) while running a generated kind."""
@@ -303,17 +312,41 @@ class CaseWorker:
 
     def run_generated(self, kind: str, kwargs: dict):
         """:func:`parity.running.generated.driver.run_generated` of ``kind`` in the child (``kwargs``: its
-        keyword arguments but ``device``, ``kernel_forward`` and ``semantics``); when the child
-        died, a failed :class:`parity.running.generated.driver.GeneratedOutcome` whose error
-        (:class:`WorkerDied`) says how, after how many kernel calls."""
-        status, value = self._submit("generated", (kind, kwargs))
-        if status == "ok":
-            return value
-        from .generated.driver import GeneratedOutcome
+        keyword arguments but ``device``, ``kernel_forward`` and ``semantics``).
+
+        When the child dies, the case it was running (recorded before each example) becomes a
+        ``crash`` finding (:func:`crash_result`, in the outcome's ``crashes``) and the kind runs
+        again in a fresh worker with that case skipped, up to :data:`MAX_GENERATED_CRASHES`
+        crashes; the outcome then fails with a :class:`WorkerDied` error naming them (unless the
+        rest of the run failed on its own). A death with no recorded case, or one crash too many,
+        ends the kind as a failed outcome whose error says how the child died."""
+        from .generated.driver import GeneratedOutcome, fingerprint
         profile = getattr(kwargs.get("profile"), "name", "")
-        return GeneratedOutcome(kind, profile, error=WorkerDied(
-            f"the process running {self.spec} died during the generated {kind} cases, kernel call "
-            f"{int(self._calls.value)}: {value}"))
+        record = os.path.join(self._dir, f"generated-{kind}.pkl")
+        crashes, skip = [], set(kwargs.get("skip", ()))
+        while True:
+            if os.path.exists(record):
+                os.remove(record)
+            status, value = self._submit("generated", (kind, {**kwargs, "skip": frozenset(skip)}, record))
+            if status == "ok":
+                out = value
+                break
+            case = recorded_case(record)
+            calls = int(self._calls.value)
+            if case is None or len(crashes) >= MAX_GENERATED_CRASHES:
+                out = GeneratedOutcome(kind, profile, error=WorkerDied(
+                    f"the process running {self.spec} died during the generated {kind} cases, kernel call "
+                    f"{calls}: {value}"))
+                break
+            crashes.append((case, crash_result(case, value, step=None, call=calls, spec=self.spec)))
+            skip.add(fingerprint(case))
+        out.crashes = crashes + list(getattr(out, "crashes", []))
+        if crashes and out.error is None:
+            out.case, out.result = crashes[0]
+            out.error = WorkerDied(f"the process running {self.spec} died on {len(crashes)} generated {kind} "
+                                   f"case(s) ({', '.join(c.case_id for c, _ in crashes)}); the other cases ran "
+                                   f"in a fresh worker")
+        return out
 
     def run_captured(self, selected):
         """:func:`parity.running.step_outputs.run_captured` of ``selected`` in the child: ``(CaseResult,
@@ -356,29 +389,3 @@ def crash_result(case, detail: str, *, step: Optional[int], call: int, spec: str
                                   size=case.size, step=step, step_name=step_name)
     return CaseResult(case=case.name, size=case.size, case_id=case.case_id, findings=findings,
                       timings=pd.DataFrame([], columns=list(TIMING_COLUMNS)), steps_run=step or 0, wall_s=0.0)
-
-
-@contextlib.contextmanager
-def isolated_runners(implementations: Sequence, semantics: Sequence, device: str, isolate: str = "auto"):
-    """For ``ab`` / ``golden``: one ``fn(selected) -> (CaseResult, {step: outputs})`` per
-    implementation (:func:`parity.running.step_outputs.run_captured`), in a :class:`CaseWorker` when
-    :func:`should_isolate` says so, else in this process; the workers are closed on exit."""
-    from .step_outputs import run_captured
-    workers: List[CaseWorker] = []
-    runners = []
-    try:
-        for impl, sem in zip(implementations, semantics):
-            if should_isolate(impl.spec, isolate):
-                workers.append(CaseWorker(impl.spec, sem, device))
-                runners.append(workers[-1].run_captured)
-            else:
-                runners.append(functools.partial(_in_process, impl=impl, device=device, sem=sem,
-                                                 run_captured=run_captured))
-        yield runners
-    finally:
-        for w in workers:
-            w.close()
-
-
-def _in_process(selected, *, impl, device, sem, run_captured):
-    return run_captured(selected, impl, device, sem)

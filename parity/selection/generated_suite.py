@@ -137,8 +137,15 @@ def _run_generated_suite(args, device: str, console, *, kinds, kernel_forward, c
         how = ", a guaranteed-coverage case" if fixed else (", shrunk" if out.failure_kind == "parity" else "")
         console.print(line + f"[red]FAILED[/] ({escape(str(out.failure_kind))}{how})")
         _print_generated_failure(out, console, error_summary)
+        crashes = getattr(out, "crashes", [])
+        if crashes:                     # cases that killed the isolated worker; the rest ran on
+            report.print_results(report.results_table([res for _, res in crashes]), console=console,
+                                 failures_only=True, title=f"KPool parity: generated {kind}, cases that killed the worker")
         if out.result is not None and out.case is not None and bundles_dir:
             commands.write_failure_bundle(out.result, out.case, options, bundles_dir, console)
+        for case, res in crashes if bundles_dir else ():
+            if res is not out.result:
+                commands.write_failure_bundle(res, case, options, bundles_dir, console)
         if out.saved:
             console.print(escape(f"  kept in {out.saved}; promote it into cases/corpus with: "
                                  f"python -m parity corpus add {out.saved}"))

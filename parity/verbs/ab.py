@@ -90,7 +90,7 @@ def ab_main(args, console=None) -> int:
                          f"baseline {sems[0].text()}; candidate {sems[1].text()}"))
     rows: List[dict] = []
     failures = {"baseline": 0, "candidate": 0}
-    from ..running.isolation import isolated_runners
+    from ..running.isolated_runners import isolated_runners
     with isolated_runners(sides, sems, device, getattr(args, "isolate", "auto")) as runners:
         for sel in cases:
             (ra, sa), (rb, sb) = (run(sel) for run in runners)

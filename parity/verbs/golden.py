@@ -169,9 +169,9 @@ def load_steps(path: str) -> dict:
 def _runner(args, impl, device):
     """A context yielding ``(run,)``: ``run(selected) -> (CaseResult, {step: outputs})`` of
     ``impl`` under its declared semantics, isolated in a worker process when ``--isolate`` says so
-    (:func:`parity.running.isolation.isolated_runners`: a crash there is a case whose outputs all moved)."""
+    (:func:`parity.running.isolated_runners.isolated_runners`: a crash there is a case whose outputs all moved)."""
     from ..implementations.semantics import resolve_semantics
-    from ..running.isolation import isolated_runners
+    from ..running.isolated_runners import isolated_runners
     return isolated_runners([impl], [resolve_semantics(impl)], device, getattr(args, "isolate", "auto"))
 
 

@@ -106,6 +106,8 @@ class GeneratedOutcome:
         ``corpus_dir`` the caller gave (a run's candidates directory, never the checkout).
         notes: hypothesis's own report lines (falsifying example, reproduce blob, shrink notes).
         slow: one line per example slower than the profile's ``slow_example_s`` (warnings).
+        crashes: ``(case, CaseResult)`` of each case that killed an isolated worker process (a
+            ``crash`` finding each; the run went on without it in a fresh worker).
     """
 
     kind: str
@@ -121,6 +123,7 @@ class GeneratedOutcome:
     saved: Optional[Path] = None
     notes: List[str] = field(default_factory=list)
     slow: List[str] = field(default_factory=list)
+    crashes: List[tuple] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -226,7 +229,7 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
                   corpus_info: Optional[dict] = None, repeat_every: int = 5, shrink_s: Optional[float] = None,
                   bounds=None, collect_coverage: bool = True,
                   shrink_calls: Optional[int] = None, guaranteed: bool = True,
-                  semantics=None) -> GeneratedOutcome:
+                  semantics=None, skip=frozenset(), on_example: Optional[Callable] = None) -> GeneratedOutcome:
     """Run the guaranteed-coverage cases and ``examples`` generated cases of ``kind``, and shrink
     the first failure.
 
@@ -256,6 +259,10 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
             examples; planted-fault searches turn them off to test the generator and shrinker).
         semantics: :class:`parity.implementations.semantics.RunSemantics` (score mode forced on
             every case, tie policy); default: each case's own mode, canonical ties.
+        skip: :func:`fingerprint` s of cases that pass without running: cases that killed an
+            earlier worker process, already reported as crashes (:mod:`parity.running.isolation`).
+        on_example: called with each case before it runs (the isolated worker records it, so a
+            case that kills the process is known to the parent).
 
     Returns:
         :class:`GeneratedOutcome` (failures of every kind are in its ``error``).
@@ -284,6 +291,10 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
 
     def check(case):
         outcome.examples += 1
+        if skip and fingerprint(case) in skip:
+            return          # it killed an earlier worker: reported as a crash, the run goes on
+        if on_example is not None:
+            on_example(case)
         if state["failed"]:
             state["after_failure"] += 1
             if state["after_failure"] > budget_calls and fingerprint(case) not in failing:
