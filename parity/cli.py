@@ -120,12 +120,19 @@ def _add_run_arguments(run) -> None:
     run.add_argument("--all-rows", action="store_true",
                      help="print every checked row (default: a summary and the non-exact rows; files keep all rows)")
     run.add_argument("--failures-only", action="store_true", help="print only failing rows (files keep all rows)")
-    run.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
-                     help="worker processes, one device each (round robin; parity.running.parallel); default 1")
+    run.add_argument("--jobs", type=_jobs, default=1, metavar="N|auto",
+                     help="worker processes, one device each (round robin; parity.running.parallel); default 1; "
+                          "auto (make parity's default): up to 2 on the CPU interpreter for this checkout's kernels, "
+                          "else 1")
     run.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
                      help="run only shard I of N of the run's cases (0 <= I < N; every N-th case, deterministic; "
                           "combine the shards' --report directories with python -m parity merge)")
     commands.add_run_options(run)
+
+
+def _jobs(text: str) -> int:
+    """``--jobs``: a positive int, or ``auto`` (0: :func:`parity.sessions.session.run_cases` decides)."""
+    return 0 if text == "auto" else _positive_int(text)
 
 
 def _positive_int(text: str) -> int:

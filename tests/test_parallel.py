@@ -112,6 +112,26 @@ def test_two_workers_merge_into_the_single_worker_report(tmp_path, device):
     assert (two.groupby(["case", "size"])["worker"].nunique() == 1).all()
 
 
+@pytest.mark.integration
+def test_jobs_auto_uses_two_cpu_workers_for_kpool_and_one_elsewhere(tmp_path, capsys):
+    """``--jobs auto`` (make parity's default): two interpreter workers for this checkout's kernels
+    on the CPU, one worker and no note for an implementation that cannot use more (isolated)."""
+    from parity.cli import main
+    from parity.sessions.session import AUTO_CPU_JOBS
+    if (os.cpu_count() or 1) < AUTO_CPU_JOBS:
+        pytest.skip("needs two cores")
+    rc = main(["run", "--device", "cpu", "--size", "small", "--case", *CASES, "--jobs", "auto",
+               "--report", str(tmp_path / "kpool")])
+    table = pd.read_csv(tmp_path / "kpool" / "results.csv")
+    assert rc == 0 and set(table["worker"]) == {0, 1}
+    capsys.readouterr()
+    rc = main(["run", "--device", "cpu", "--size", "small", "--case", CASES[0], "--jobs", "auto",
+               "--kernel", "tests.standin_impls:no_modes", "--report", str(tmp_path / "standin")])
+    out = capsys.readouterr().out
+    assert "jobs=auto" in out and "--jobs" not in out          # no "--jobs N needs ..." note
+    assert set(pd.read_csv(tmp_path / "standin" / "results.csv")["worker"]) == {0}
+
+
 def _die_on_case_named_die(case, run_kwargs):
     """A pool task that kills its worker process on the case named ``die`` (a planted OOM kill)."""
     if case.name == "die":

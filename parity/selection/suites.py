@@ -135,7 +135,7 @@ def run_suite(args, device: str, console, *, prog: str = "python -m parity run")
         ignored = [flag for flag, used in (("--mode resync", args.mode != "lockstep"),
                                            ("--repeat", args.repeat is not None),
                                            ("--metamorphic", args.metamorphic is not None),
-                                           ("--jobs", getattr(args, "jobs", 1) != 1)) if used]
+                                           ("--jobs", getattr(args, "jobs", 1) not in (0, 1))) if used]
         if ignored:
             console.print(f"note: {', '.join(ignored)} apply to corpus and seed cases only; public and "
                           "generated cases run lockstep, once, in this process", markup=False)

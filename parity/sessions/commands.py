@@ -209,7 +209,7 @@ def execute(cases: List, args, device: str, console, *, record: bool = False, pr
     env = bundle.environment(device)
     console.print(f"device={device} ({escape(str(env.get('device_name')))}) suite={args.suite} size={args.size} "
                   f"seed={args.seed} mode={args.mode} repeat={options.repeat} kernel={escape(args.kernel)} "
-                  f"oracle={'off' if args.no_oracle else 'on'} jobs={getattr(args, 'jobs', 1)} "
+                  f"oracle={'off' if args.no_oracle else 'on'} jobs={getattr(args, 'jobs', 1) or 'auto'} "
                   f"isolated={'yes' if should_isolate(args.kernel, options.isolate) else 'no'} "
                   f"{escape(from_options(options).text())}; "
                   f"{escape(relations_text(options))}: {len(cases)} cases")

@@ -7,6 +7,7 @@ the device (``kpool.platform.resolve_device``) before :func:`run_cases`.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -14,6 +15,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from ..implementations.semantics import KPOOL_BITWISE
 
 DEFAULT_KERNEL = "kpool"
+AUTO_CPU_JOBS = 2
+"""Workers of ``--jobs auto`` on the CPU interpreter (at most the machine's cores): two keep the
+memory of GLM-size cases modest and halve the seed suite's time on a 2-core CI machine."""
 """Kernel spec of the production kernels (``kpool.indexer.forward``)."""
 RELATION_NAMES = ("batch-permutation", "padding-rows", "output-width", "score-chunking", "captured-replay")
 """The metamorphic relations of :data:`parity.checking.metamorphic.RELATIONS`, named here so that the CLI's
@@ -147,7 +151,10 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
         kernel_forward: overrides ``options.kernel``.
         jobs: worker processes (:mod:`parity.running.parallel`, one device each). Workers import the
             kernel by reference, so ``jobs > 1`` needs the production kernel (``options.kernel ==
-            "kpool"``); other kernels run in this process, or isolated.
+            "kpool"``); other kernels run in this process, or isolated. ``0`` (``--jobs auto``,
+            ``make parity``): :data:`AUTO_CPU_JOBS` workers on the CPU interpreter where they can
+            be used (the interpreter is single-threaded: one worker per core halves the seed
+            suite's GLM-size cases), else 1, without the notes an explicit ``--jobs`` gets.
 
     Isolation (:mod:`parity.running.isolation`, ``options.isolate``): the cases of an implementation that
     is not this checkout's own run, with their relations, in one persistent child process; a
@@ -174,6 +181,10 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
     cases = [semantics.case(c) for c in cases]     # workers get the cases with their score mode
     # workers run kpool's forward with canonical ties, unwrapped: any other semantics stays here
     plain = semantics == RunSemantics(score_mode=semantics.score_mode)
+    if jobs == 0:           # auto: the CPU interpreter's cores, where workers can run the cases
+        usable = (options.device == "cpu" and options.kernel == DEFAULT_KERNEL and kernel_forward is None and plain
+                  and not isolated and options.oracle != "hf")
+        jobs = min(AUTO_CPU_JOBS, os.cpu_count() or 1) if usable else 1
     if jobs > 1 and (options.kernel != DEFAULT_KERNEL or kernel_forward is not None or not plain):
         console.print(f"[yellow]--jobs {jobs} needs the production kernel and its semantics; "
                       "running in this process[/]")
