@@ -127,6 +127,25 @@ def test_a_generated_case_that_kills_the_worker_is_one_crash_and_the_rest_still_
     assert gen.passed_examples >= 3 and gen.examples > gen.passed_examples
 
 
+def _raise_on_requestless_rows(**kwargs):
+    from parity.implementations.semantics import requestless_rows
+    from tests.standin_impls import kpool_forward
+    if requestless_rows(kwargs):
+        raise RuntimeError("planted: token rows with no request")
+    return kpool_forward(**kwargs)
+
+
+def test_a_skipped_case_is_matched_by_its_id():
+    """A case that killed a worker is skipped in the fresh one by its id even when it is not drawn
+    bit for bit again (its fingerprint then differs): the skip lists ids and fingerprints."""
+    from parity.running.generated.driver import run_generated
+    out = run_generated("engine", device="cpu", examples=1, check_oracle=False, kernel_forward=_raise_on_requestless_rows)
+    assert not out.ok and out.case.case_id == "coverage-empty-steps[generated]", out.error
+    out = run_generated("engine", device="cpu", examples=1, check_oracle=False, kernel_forward=_raise_on_requestless_rows,
+                        skip=frozenset({"coverage-empty-steps[generated]"}))
+    assert out.ok, out.error
+
+
 def test_generated_failures_survive_pickling():
     import pickle
 

@@ -339,7 +339,7 @@ class CaseWorker:
                     f"{calls}: {value}"))
                 break
             crashes.append((case, crash_result(case, value, step=None, call=calls, spec=self.spec)))
-            skip.add(fingerprint(case))
+            skip.update((case.case_id, fingerprint(case)))
         out.crashes = crashes + list(getattr(out, "crashes", []))
         if crashes and out.error is None:
             out.case, out.result = crashes[0]

@@ -259,8 +259,10 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
             examples; planted-fault searches turn them off to test the generator and shrinker).
         semantics: :class:`parity.implementations.semantics.RunSemantics` (score mode forced on
             every case, tie policy); default: each case's own mode, canonical ties.
-        skip: :func:`fingerprint` s of cases that pass without running: cases that killed an
-            earlier worker process, already reported as crashes (:mod:`parity.running.isolation`).
+        skip: ``case_id`` s or :func:`fingerprint` s of cases that pass without running: cases
+            that killed an earlier worker process, already reported as crashes
+            (:mod:`parity.running.isolation`). The id matters: a re-run in a fresh process draws
+            the case again under its id, but not always bit for bit (its fingerprint can differ).
         on_example: called with each case before it runs (the isolated worker records it, so a
             case that kills the process is known to the parent).
 
@@ -291,7 +293,7 @@ def run_generated(kind: str, *, device, profile: Optional[Profile] = None, examp
 
     def check(case):
         outcome.examples += 1
-        if skip and fingerprint(case) in skip:
+        if skip and (case.case_id in skip or fingerprint(case) in skip):
             return          # it killed an earlier worker: reported as a crash, the run goes on
         if on_example is not None:
             on_example(case)
