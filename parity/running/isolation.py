@@ -340,7 +340,7 @@ class CaseWorker:
                 break
             crashes.append((case, crash_result(case, value, step=None, call=calls, spec=self.spec)))
             skip.update((case.case_id, fingerprint(case)))
-        out.crashes = crashes + list(getattr(out, "crashes", []))
+        out.crashes = crashes
         if crashes and out.error is None:
             out.case, out.result = crashes[0]
             out.error = WorkerDied(f"the process running {self.spec} died on {len(crashes)} generated {kind} "

@@ -137,7 +137,7 @@ def _run_generated_suite(args, device: str, console, *, kinds, kernel_forward, c
         how = ", a guaranteed-coverage case" if fixed else (", shrunk" if out.failure_kind == "parity" else "")
         console.print(line + f"[red]FAILED[/] ({escape(str(out.failure_kind))}{how})")
         _print_generated_failure(out, console, error_summary)
-        crashes = getattr(out, "crashes", [])
+        crashes = out.crashes
         if crashes:                     # cases that killed the isolated worker; the rest ran on
             report.print_results(report.results_table([res for _, res in crashes]), console=console,
                                  failures_only=True, title=f"KPool parity: generated {kind}, cases that killed the worker")

@@ -15,10 +15,10 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from ..implementations.semantics import KPOOL_BITWISE
 
 DEFAULT_KERNEL = "kpool"
+"""Kernel spec of the production kernels (``kpool.indexer.forward``)."""
 AUTO_CPU_JOBS = 2
 """Workers of ``--jobs auto`` on the CPU interpreter (at most the machine's cores): two keep the
 memory of GLM-size cases modest and halve the seed suite's time on a 2-core CI machine."""
-"""Kernel spec of the production kernels (``kpool.indexer.forward``)."""
 RELATION_NAMES = ("batch-permutation", "padding-rows", "output-width", "score-chunking", "captured-replay")
 """The metamorphic relations of :data:`parity.checking.metamorphic.RELATIONS`, named here so that the CLI's
 ``--help`` needs no torch import (a test keeps the two equal)."""
@@ -181,20 +181,21 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
     cases = [semantics.case(c) for c in cases]     # workers get the cases with their score mode
     # workers run kpool's forward with canonical ties, unwrapped: any other semantics stays here
     plain = semantics == RunSemantics(score_mode=semantics.score_mode)
-    if jobs == 0:           # auto: the CPU interpreter's cores, where workers can run the cases
-        usable = (options.device == "cpu" and options.kernel == DEFAULT_KERNEL and kernel_forward is None and plain
-                  and not isolated and options.oracle != "hf")
-        jobs = min(AUTO_CPU_JOBS, os.cpu_count() or 1) if usable else 1
+    auto = jobs == 0        # the CPU interpreter's cores; the rules below still apply, silently
+    if auto:
+        jobs = min(AUTO_CPU_JOBS, os.cpu_count() or 1) if options.device == "cpu" else 1
     if jobs > 1 and (options.kernel != DEFAULT_KERNEL or kernel_forward is not None or not plain):
-        console.print(f"[yellow]--jobs {jobs} needs the production kernel and its semantics; "
-                      "running in this process[/]")
+        if not auto:
+            console.print(f"[yellow]--jobs {jobs} needs the production kernel and its semantics; "
+                          "running in this process[/]")
         jobs = 1
     kwargs = dict(check_oracle=options.check_oracle, mode=options.mode, repeat=options.repeat)
     observer_for = None
     if options.oracle == "hf":            # a per-case observer lives in this process (parity.oracles.hf_run)
         from ..oracles.hf_run import observer_for
         if jobs > 1:
-            console.print(f"[yellow]--oracle hf runs in this process: --jobs {jobs} ignored[/]")
+            if not auto:
+                console.print(f"[yellow]--oracle hf runs in this process: --jobs {jobs} ignored[/]")
             jobs = 1
     total = sum(len(c.steps) for c in cases)
     bar = _progress(console, total)
@@ -216,7 +217,8 @@ def run_cases(cases: Sequence, options: RunOptions, *, console=None, kernel_forw
             on_case(case, res)   # rich prints above a live bar on the same console
 
     if isolated and jobs > 1:
-        console.print(f"[yellow]--jobs {jobs}: {options.kernel} runs isolated in one worker process[/]")
+        if not auto:
+            console.print(f"[yellow]--jobs {jobs}: {options.kernel} runs isolated in one worker process[/]")
         jobs = 1
     if bar is not None:
         bar.start()
