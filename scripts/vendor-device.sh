@@ -18,6 +18,8 @@
 # header, stdout and stderr, one section per revision) and vendor-device-summary.tsv (revision,
 # mode, device, exit status, seconds, the run's last line). Reports go to a temporary folder.
 # Knobs: PYTHON (interpreter), DEVICE (default cuda), TIMEOUT_PER_REV (seconds, 0 = none),
+# PARALLEL (revisions run side by side, default 1; the log keeps revision order),
+# ONLY (space-separated checkout names to run, default every one),
 # PARITY_EXTRA (more flags for every run, e.g. "--case decode-tail").
 set -u -o pipefail
 
@@ -28,6 +30,8 @@ out=${OUT:-./vendor-device-out}
 py=${PYTHON:-python3}
 device=${DEVICE:-cuda}
 limit=${TIMEOUT_PER_REV:-0}
+parallel=${PARALLEL:-1}
+only=${ONLY:-}
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 log="$out/vendor-device.log"
@@ -36,16 +40,19 @@ reports=$(mktemp -d)
 : > "$log"
 printf 'revision\tmode\tdevice\trc\tseconds\tlast line\n' > "$summary"
 
-for rev in "$dir"/*/; do
-    rev=$(cd "$rev" && pwd)          # absolute: the runs start in the repository root
+sections=$(mktemp -d)
+
+run_rev() {   # one revision: its log section in $sections/NAME.log, its summary line in NAME.tsv
+    local rev=$1 name shape ext mode run_device why start rc secs last section
     name=$(basename "$rev")
-    [ -f "$rev/vllm_ascend/ops/triton/glm5_next_lightning_indexer.py" ] || continue
+    section="$sections/$name.log"
+    : > "$section"
     # the revision's shape and extensions, from its real signatures and imports
     shape=$(cd "$here" && TRITON_INTERPRET=1 "$py" -c "
 import sys
 from parity.implementations.vllm_ascend import describe, load_operators
 r = describe(load_operators(sys.argv[1]))
-print(('+'.join(r.extensions) or '-') + '|' + r.text())" "$rev" 2>>"$log") || shape="?|the adapter could not load it"
+print(('+'.join(r.extensions) or '-') + '|' + r.text())" "$rev" 2>>"$section") || shape="?|the adapter could not load it"
     ext=${shape%%|*}
     if [ "$ext" = "-" ]; then
         mode=compiled; run_device=$device; why="stock Triton compiles every kernel of the revision"
@@ -59,19 +66,34 @@ print(('+'.join(r.extensions) or '-') + '|' + r.text())" "$rev" 2>>"$log") || sh
         echo "=== shape: ${shape#*|}"
         echo "=== command: python -m parity run --kernel vllm-ascend:$rev --device $run_device --suite $suite --size $size"
         echo "=== started $(date -u +%FT%TZ) on $(hostname)"
-    } >> "$log"
+    } >> "$section"
     start=$(date +%s)
-    before=$(wc -l < "$log")
     # shellcheck disable=SC2206  # PARITY_EXTRA is a list of flags
     cmd=("$py" -m parity run --kernel "vllm-ascend:$rev" --device "$run_device" --suite "$suite" --size "$size"
          --report "$reports/$name" ${PARITY_EXTRA:-})
     if [ "$limit" != 0 ]; then cmd=(timeout "$limit" "${cmd[@]}"); fi
-    (cd "$here" && "${cmd[@]}") >> "$log" 2>&1
+    (cd "$here" && "${cmd[@]}") >> "$section" 2>&1
     rc=$?
     secs=$(( $(date +%s) - start ))
-    last=$(tail -n +$((before + 1)) "$log" | grep -E '^(PASS|FAIL)' | tail -1 | tr '\t' ' ')
-    echo "=== $name: exit $rc after ${secs}s" >> "$log"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$mode" "$run_device" "$rc" "$secs" "$last" >> "$summary"
+    last=$(grep -E '^(PASS|FAIL)' "$section" | tail -1 | tr '\t' ' ')
+    echo "=== $name: exit $rc after ${secs}s" >> "$section"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$mode" "$run_device" "$rc" "$secs" "$last" > "$sections/$name.tsv"
+}
+
+names=()
+for rev in "$dir"/*/; do
+    rev=$(cd "$rev" && pwd)          # absolute: the runs start in the repository root
+    [ -f "$rev/vllm_ascend/ops/triton/glm5_next_lightning_indexer.py" ] || continue
+    if [ -n "$only" ] && [[ " $only " != *" $(basename "$rev") "* ]]; then continue; fi
+    while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
+    run_rev "$rev" &
+    names+=("$(basename "$rev")")
 done
+wait
+for name in "${names[@]}"; do
+    cat "$sections/$name.log" >> "$log"
+    cat "$sections/$name.tsv" >> "$summary" 2>/dev/null || printf '%s\t?\t?\t?\t?\tno result\n' "$name" >> "$summary"
+done
+rm -rf "$sections"
 rm -rf "$reports"
 cat "$summary"
