@@ -19,7 +19,9 @@
 # mode, device, exit status, seconds, the run's last line). Reports go to a temporary folder.
 # Knobs: PYTHON (interpreter), DEVICE (default cuda), TIMEOUT_PER_REV (seconds, 0 = none),
 # PARALLEL (revisions run side by side, default 1; the log keeps revision order),
-# ONLY (space-separated checkout names to run, default every one),
+# ONLY (space-separated checkout names to run, default every one), SHARDS (an interpreter
+# revision runs as that many shard processes side by side, --shard i/N, combined with
+# python -m parity merge; default 1),
 # PARITY_EXTRA (more flags for every run, e.g. "--case decode-tail").
 set -u -o pipefail
 
@@ -32,6 +34,7 @@ device=${DEVICE:-cuda}
 limit=${TIMEOUT_PER_REV:-0}
 parallel=${PARALLEL:-1}
 only=${ONLY:-}
+shards=${SHARDS:-1}
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 log="$out/vendor-device.log"
@@ -72,10 +75,29 @@ print(('+'.join(r.extensions) or '-') + '|' + r.text())" "$rev" 2>>"$section") |
     cmd=("$py" -m parity run --kernel "vllm-ascend:$rev" --device "$run_device" --suite "$suite" --size "$size"
          --report "$reports/$name" ${PARITY_EXTRA:-})
     if [ "$limit" != 0 ]; then cmd=(timeout "$limit" "${cmd[@]}"); fi
-    (cd "$here" && "${cmd[@]}") >> "$section" 2>&1
+    if [ "$mode" = interpreter ] && [ "$shards" -gt 1 ]; then
+        # the interpreter is single-threaded: every shard its own process, then one merged report
+        local i
+        for ((i = 0; i < shards; i++)); do
+            (cd "$here" && "${cmd[@]}" --shard "$i/$shards" \
+                --report "$reports/$name-shard$i") > "$sections/$name.shard$i" 2>&1 &
+        done
+        wait
+        for ((i = 0; i < shards; i++)); do
+            echo "--- shard $i/$shards" >> "$section"; cat "$sections/$name.shard$i" >> "$section"
+        done
+        echo "--- python -m parity merge" >> "$section"
+        (cd "$here" && "$py" -m parity merge --out "$reports/$name" "$reports/$name"-shard*) >> "$section" 2>&1
+        local merged=$?
+        # the merged verdict line (the shards' own lines are partial)
+        grep -E '^(PASS|FAIL)' "$reports/$name/summary.md" 2>/dev/null | head -1 | sed 's/^/merged: /' >> "$section"
+        (exit $merged)
+    else
+        (cd "$here" && "${cmd[@]}") >> "$section" 2>&1
+    fi
     rc=$?
     secs=$(( $(date +%s) - start ))
-    last=$(grep -E '^(PASS|FAIL)' "$section" | tail -1 | tr '\t' ' ')
+    last=$(grep -E '^(merged: )?(PASS|FAIL)' "$section" | tail -1 | tr '\t' ' ')
     echo "=== $name: exit $rc after ${secs}s" >> "$section"
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$mode" "$run_device" "$rc" "$secs" "$last" > "$sections/$name.tsv"
 }
