@@ -106,18 +106,27 @@ def assert_planted_fault_found_and_shrunk(kind: str, name: str, device, corpus_d
     assert run_case(case, device=device).ok
 
 
-def assert_generated_run_covers(kind: str, device, capsys, *, min_passed: int, classes) -> None:
+def assert_generated_run_covers(kind: str, device, capsys, *, min_passed: int, classes,
+                                complete_residues: bool = False) -> None:
     """The current profile's budget of generated ``kind`` cases ("batch" or "engine") passes,
     prints its coverage, runs at least ``min_passed`` examples and exercises every one of
-    ``classes`` (:mod:`parity.findings.coverage` class names)."""
+    ``classes`` (:mod:`parity.findings.coverage` class names). ``complete_residues``: the
+    report also says every chunk residue ``0..P-1`` of every P the run drew was seen (the
+    guaranteed-coverage cases' job; it said otherwise before them)."""
     from parity.running.generated import run_generated
     out = run_generated(kind, device=device)
+    text = "\n".join(out.coverage.lines())
     with capsys.disabled():
-        print("\n" + "\n".join(out.coverage.lines()))
+        print("\n" + text)
     assert out.ok, out.error
     assert out.passed_examples >= min_passed
     for cls in classes:
         assert out.coverage.classes[cls] > 0, cls
+    if complete_residues:
+        assert out.coverage.residues, text
+        for P, seen in out.coverage.residues.items():
+            assert seen == set(range(P)), (P, text)
+            assert f"chunk residues cached%P at P={P}: {P}/{P} seen (complete)" in text
 
 
 def parity_cli(*args, timeout=600):

@@ -118,7 +118,7 @@ def test_engine_case_runs_clean_through_the_harness(device):
 def test_generated_engine_sequences_pass_and_report_coverage(device, warm_kernels, capsys):
     assert_generated_run_covers("engine", device, capsys, min_passed=8, classes=(
         "pool-boundary decode", "padding rows", "cache-only step", "zero-length request",
-        "MTP rejection + replay", "ring block reuse"))
+        "MTP rejection + replay", "ring block reuse", "empty batch"))
 
 
 @pytest.mark.integration
@@ -186,31 +186,6 @@ def test_guaranteed_cases_cover_empty_steps_and_every_residue(device):
             for P in prof.bounds.kpools:
                 assert cov.residues[P] == set(range(P)), (prof.name, P)
                 assert cov.tails[P] == set(range(P)), (prof.name, P)
-
-
-@pytest.mark.integration
-def test_generated_run_reports_complete_residues_and_empty_steps(device, monkeypatch):
-    """The ``ci`` generated suite's coverage report says every residue of every P it drew was
-    seen and the empty batch was exercised (it said "empty batch NOT EXERCISED" before). The
-    guaranteed-coverage cases do that; issue 19's fixed family cases (structure, unvalidated,
-    exactness) are switched off here: they are not about residues, and the coverage tests of
-    each kind run them (they cost about 100 s of this test on the CPU)."""
-    from cases.families import FAMILIES_OFF_ENV
-    monkeypatch.setenv(FAMILIES_OFF_ENV, "structure,unvalidated,exactness")
-    from parity.findings.coverage import Coverage
-    from parity.running.generated import run_generated
-    from cases.profiles import load_profile
-    prof = load_profile("ci")
-    total = Coverage()
-    for kind in ("batch", "engine"):
-        out = run_generated(kind, device=device, profile=prof, examples=2)
-        assert out.ok, out.error
-        total.merge(out.coverage)
-    text = "\n".join(total.lines())
-    assert "empty batch" in text and "empty batch                   NOT EXERCISED" not in text
-    for P, seen in total.residues.items():
-        assert seen == set(range(P)), (P, text)
-        assert f"chunk residues cached%P at P={P}: {P}/{P} seen (complete)" in text
 
 
 # ---- profiles -----------------------------------------------------------------------------------

@@ -237,7 +237,7 @@ def test_reference_side_metadata_check_rejects_what_the_kernel_rejects():
 def test_generated_batches_pass_and_report_coverage(device, warm_kernels, capsys):
     assert_generated_run_covers("batch", device, capsys, min_passed=10, classes=(
         "visible=0", "visible<K", "visible>K", "cache-only step", "chunk read from ring",
-        "mid-chunk pool completion", "merged score mode", "fixed tail layout"))
+        "mid-chunk pool completion", "merged score mode", "fixed tail layout"), complete_residues=True)
 
 
 @pytest.mark.integration

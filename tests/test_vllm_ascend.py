@@ -336,12 +336,14 @@ def test_make_parity_kernel_knob_takes_a_checkout():
 @pytest.mark.parametrize("which", ["new", "old", "state"])
 def test_cli_runs_a_standin_checkout_end_to_end(which, tmp_path):
     """The done-when command with no semantics flag (the revision's declared ones) on seed cases
-    (the whole seed suite for ``new``, a few for the others: decode, output buffers, no-tail,
-    non-finite, bad arguments) plus, for ``new``, the public cases whose checks call the
-    implementation directly (C05: bad input validated by the caller; C27: determinism)."""
+    (decode, output buffers, no-tail, non-finite, bad arguments; for ``new`` also the shared-query
+    path that calls ``extract_slice``: prefill-topk's one-request MTP step, and the strided
+    layouts) plus, for ``new``, the public cases whose checks call the implementation directly
+    (C05: bad input validated by the caller; C27: determinism). The whole suites run on the real
+    revisions (docs/vendor-revisions.md), not in CI."""
     base = ("run", "--kernel", f"vllm-ascend:{STANDIN[which]}", "--size", "small", "--report", str(tmp_path / "r"))
-    cases = () if which == "new" else ("--case", "decode-tail", "full-padding", "prefill-topk-no-tail", "non-finite",
-                                       "bad-arguments")
+    cases = ("--case", "decode-tail", "full-padding", "prefill-topk-no-tail", "non-finite", "bad-arguments",
+             *(("prefill-topk", "strided-layouts") if which == "new" else ()))
     seed = _cli(*base, "--suite", "seed", *cases)
     assert seed.returncode == 0, seed.stdout[-3000:] + seed.stderr[-2000:]
     assert "interp_rne=on" in seed.stdout and "ties=any" in seed.stdout and "score_mode=merged" in seed.stdout
