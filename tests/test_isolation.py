@@ -135,13 +135,14 @@ def _raise_on_requestless_rows(**kwargs):
     return kpool_forward(**kwargs)
 
 
-def test_a_skipped_case_is_matched_by_its_id():
+def test_a_skipped_case_is_matched_by_its_id(device):
     """A case that killed a worker is skipped in the fresh one by its id even when it is not drawn
-    bit for bit again (its fingerprint then differs): the skip lists ids and fingerprints."""
+    bit for bit again (its fingerprint then differs): the skip lists ids and fingerprints. (On the
+    session's device: a compiled session's kernels cannot run under the interpreter in-process.)"""
     from parity.running.generated.driver import run_generated
-    out = run_generated("engine", device="cpu", examples=1, check_oracle=False, kernel_forward=_raise_on_requestless_rows)
+    out = run_generated("engine", device=device, examples=1, check_oracle=False, kernel_forward=_raise_on_requestless_rows)
     assert not out.ok and out.case.case_id == "coverage-empty-steps[generated]", out.error
-    out = run_generated("engine", device="cpu", examples=1, check_oracle=False, kernel_forward=_raise_on_requestless_rows,
+    out = run_generated("engine", device=device, examples=1, check_oracle=False, kernel_forward=_raise_on_requestless_rows,
                         skip=frozenset({"coverage-empty-steps[generated]"}))
     assert out.ok, out.error
 

@@ -113,6 +113,7 @@ def test_two_workers_merge_into_the_single_worker_report(tmp_path, device):
 
 
 @pytest.mark.integration
+@pytest.mark.cpu        # an in-process --device cpu run: a compiled session imported the kernels compiled
 def test_jobs_auto_uses_two_cpu_workers_for_kpool_and_one_elsewhere(tmp_path, capsys):
     """``--jobs auto`` (make parity's default): two interpreter workers for this checkout's kernels
     on the CPU, one worker and no note for an implementation that cannot use more (isolated)."""
