@@ -178,3 +178,35 @@ def test_an_isolated_case_keeps_the_implementations_bitwise_claim(monkeypatch):
         isolation._case_task(None, RunSemantics("merged", "any", "kpool", False, bitwise_outputs=()), "cpu",
                              object(), {}, ())
     assert seen["bitwise_outputs"] == ()
+
+
+# ---- a kernel fault on a device (CUDA's sticky illegal-memory-access error) is a crash ----------
+
+def _broken_context(device):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_a_failed_device_context_ends_the_worker_with_the_devices_message(tmp_path):
+    """On the H200 a vendor kernel's out-of-bounds read left the CUDA context broken, and every
+    later case of the worker became a harness crash. After each implementation call the worker
+    synchronizes; a broken context writes the device's message to the fault log and exits with
+    DEVICE_FAULT_EXIT, which the parent reports like a killed worker (one crash finding)."""
+    import io
+
+    from parity.running.device_faults import DEVICE_FAULT_EXIT, call_checked, device_fault, exit_on_device_fault
+    from parity.running.isolation import exit_text
+    assert device_fault("cpu", _broken_context) is None             # the interpreter has no context
+    assert device_fault("cuda", lambda d: None) is None
+    assert "illegal memory access" in device_fault("cuda", _broken_context)
+    log, codes = io.StringIO(), []
+    exit_on_device_fault("cuda", 7, log, ZeroDivisionError("x"), sync=_broken_context, exit_fn=codes.append)
+    assert codes == [DEVICE_FAULT_EXIT]
+    assert "kernel call 7" in log.getvalue() and "illegal memory access" in log.getvalue()
+    assert "ZeroDivisionError" in log.getvalue()
+    exit_on_device_fault("cuda", 8, log, sync=lambda d: None, exit_fn=codes.append)   # a working context
+    assert codes == [DEVICE_FAULT_EXIT]
+    assert exit_text(DEVICE_FAULT_EXIT) == f"the device context failed (exit code {DEVICE_FAULT_EXIT})"
+    # on the interpreter an exception of the call propagates untouched (no exit)
+    with pytest.raises(ZeroDivisionError):
+        call_checked(lambda: 1 // 0, {}, "cpu", 1, log)
+    assert call_checked(lambda x: x + 1, {"x": 1}, "cpu", 2, log) == 2

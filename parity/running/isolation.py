@@ -33,6 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .case_records import record_case, recorded_case
+from .device_faults import DEVICE_FAULT_EXIT, call_checked
 
 ISOLATE_CHOICES = ("auto", "on", "off")
 """``--isolate`` values (module docstring)."""
@@ -70,6 +71,8 @@ def exit_text(exitcode: Optional[int]) -> str:
         except ValueError:
             name = f"signal {-exitcode}"
         return f"killed by signal {name} ({-exitcode})"
+    if exitcode == DEVICE_FAULT_EXIT:
+        return f"the device context failed (exit code {exitcode})"
     return f"exit code {exitcode}"
 
 
@@ -111,9 +114,9 @@ def _forward(spec: str, semantics, device: str) -> Callable:
         raw = resolve(spec).forward
         calls = _CHILD["calls"]
 
-        def counted(**kwargs):
+        def counted(**kwargs):     # a device fault ends the worker (device_faults)
             calls.value += 1
-            return raw(**kwargs)
+            return call_checked(raw, kwargs, device, calls.value, _CHILD["fault_file"])
         counted.__wrapped__ = raw
         _CHILD["forwards"][key] = semantics.forward(counted)
         _CHILD["forwards"][(spec, None)] = counted          # unwrapped: run_captured wraps it itself
@@ -286,7 +289,8 @@ class CaseWorker:
         if os.path.isfile(log):
             with open(log) as f:
                 trace = f.read().split("\nExtension modules:")[0].strip()   # the list of C modules is noise
-        return exit_text(code) + (f"\nfaulthandler trace of the worker:\n{trace}" if trace else "")
+        log_text = f"\nthe worker's fault log (faulthandler trace or device error):\n{trace}" if trace else ""
+        return exit_text(code) + log_text
 
     def run_case(self, case, run_kwargs: dict, relations: Sequence = ()):
         """Run ``case`` (and its relations, ``[(names, steps)]``) in the child; a
