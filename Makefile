@@ -51,7 +51,7 @@ BENCH_ARGS  ?= $(if $(DEVICE),--device $(DEVICE)) $(if $(BENCH_JSON),--json $(BE
 # xdist flags are dropped automatically if pytest-xdist is missing
 # (scripts/run-pytest.sh). KPOOL_DEVICE is left to the code.
 PYTEST_WORKERS ?= 2
-PYTEST_ARGS    ?= -n $(PYTEST_WORKERS) --dist worksteal
+PYTEST_ARGS    ?= -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: help bootstrap parity ab test test-unit test-integration bench ascend-interp-env test-ascend-interp clean
 
