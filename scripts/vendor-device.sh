@@ -73,7 +73,7 @@ print(('+'.join(r.extensions) or '-') + '|' + r.text())" "$rev" 2>>"$section") |
     start=$(date +%s)
     # shellcheck disable=SC2206  # PARITY_EXTRA is a list of flags
     cmd=("$py" -m parity run --kernel "vllm-ascend:$rev" --device "$run_device" --suite "$suite" --size "$size"
-         --report "$reports/$name" ${PARITY_EXTRA:-})
+         ${PARITY_EXTRA:-})
     if [ "$limit" != 0 ]; then cmd=(timeout "$limit" "${cmd[@]}"); fi
     if [ "$mode" = interpreter ] && [ "$shards" -gt 1 ]; then
         # the interpreter is single-threaded: every shard its own process, then one merged report
@@ -93,7 +93,7 @@ print(('+'.join(r.extensions) or '-') + '|' + r.text())" "$rev" 2>>"$section") |
         grep -E '^(PASS|FAIL)' "$reports/$name/summary.md" 2>/dev/null | head -1 | sed 's/^/merged: /' >> "$section"
         (exit $merged)
     else
-        (cd "$here" && "${cmd[@]}") >> "$section" 2>&1
+        (cd "$here" && "${cmd[@]}" --report "$reports/$name") >> "$section" 2>&1
     fi
     rc=$?
     secs=$(( $(date +%s) - start ))

@@ -186,7 +186,7 @@ def _broken_context(device):
     raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
 
-def test_a_failed_device_context_ends_the_worker_with_the_devices_message(tmp_path):
+def test_a_failed_device_context_ends_the_worker_with_the_devices_message():
     """On the H200 a vendor kernel's out-of-bounds read left the CUDA context broken, and every
     later case of the worker became a harness crash. After each implementation call the worker
     synchronizes; a broken context writes the device's message to the fault log and exits with
