@@ -325,6 +325,49 @@ def test_nan_and_inf_are_sanitized(mode):
         assert (want[rows1, 1] == LOWEST).all()                    # -inf score
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy (interpreter) warns on inf - inf
+@pytest.mark.parametrize("decode_rows", [8, 100])
+@pytest.mark.parametrize("mode", ["relu", "merged"])
+def test_decode_rows_sharing_a_key_tile_are_scored_as_alone(monkeypatch, mode, decode_rows):
+    """The decode kernel reads each key tile once per request, up to the largest visibility among
+    the request's rows, and scores it for every row (issue 20 point 3). On random data, rows of
+    the 4- and 5-row requests (and, with ``DECODE_ROWS = 100``, the 9-row one, whose rows see 0-2
+    pools) see different numbers of pools, and a non-finite key sits at a pool only the longer
+    rows of each request see: every row's keys equal its keys scored alone (a one-row chunk,
+    whose tile holds only the row's own visible pools), pools past a row's visibility are LOWEST,
+    and in mode (M) the rows that see the non-finite key take the exact fallback (bitwise the
+    reference) while the shorter rows keep the split dot's bits (which differ from the
+    reference's here, so a wrongly taken fallback would show)."""
+    monkeypatch.setattr(plan, "DECODE_ROWS", decode_rows)
+    batch = Batch(3, seed=4)
+    cache, bt = batch.caches.compressed_cache, batch.block_table_host
+    # (request, its rows, pool, channel, value): only the longer rows of the request see the pool.
+    planted = [(1, range(9, 14), 3, 2, float("inf")), (4, range(15, 19), 1, 4, float("nan"))]
+    if decode_rows > 8:
+        planted.append((0, range(0, 9), 1, 0, float("-inf")))
+    for r, _, pool, ch, value in planted:
+        cache[int(bt[r, pool // B]), pool % B, 0, ch] = value
+    keys = batch.keys(mode).cpu()
+    alone = torch.cat([batch.keys(mode, row_start=t, num_rows=1).cpu() for t in range(batch.t_live)])
+    differ = (keys != alone).nonzero()[:5].tolist()
+    assert not differ, f"cells (row, pool) differ from the row scored alone: {differ}"
+    scores = ix.key_scores(keys)
+    want, visible = batch.reference(mode)
+    j = torch.arange(keys.shape[1])[None, :]
+    assert (scores[j >= visible[:, None]] == LOWEST).all()
+    differs = 0
+    for r, rows, pool, _, _ in planted:
+        rows = torch.tensor(list(rows))
+        longer, shorter = rows[visible[rows] > pool], rows[visible[rows] <= pool]
+        assert len(longer) and len(shorter)                         # rows of one request see different pools
+        if mode == "merged":
+            assert_bits_equal(scores[longer], want[longer].where(want[longer] != 0, torch.zeros(())))
+        seen = j[0, :int(visible[shorter].max())]
+        differs += int((bits(scores[shorter][:, seen]) != bits(want[shorter][:, seen])).sum())
+    if mode == "merged":
+        assert differs > 0
+
+
 @pytest.mark.slow
 def test_glm_shaped_scores():
     """GLM-5.3-Flash head geometry (H=32, D=128), 6 rows (decode kernel) and 20 rows (prefill

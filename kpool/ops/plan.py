@@ -275,9 +275,9 @@ def score_decode_plan(num_requests: int, max_pool_seq_len: int, num_heads: int, 
               cores: Optional[int] = None) -> LaunchPlan:
     """Decode/MTP scoring (kpool-algorithm.md §4.1-§4.3): a tile is one request x a segment of
     its ``BLOCK_N``-pool blocks (``decode_segments``: one tile per program when
-    the grid allows); each of the request's rows (at most :data:`DECODE_ROWS`) scores each key
-    tile with one ``tl.dot`` of ``[BLOCK_N, DP] x [DP, HP]`` (heads padded to ``HP``, dims to
-    ``DP``). ``tiles``: the upper bound, one pool block per tile."""
+    the grid allows); each key tile is read once per request and every row of the request (at
+    most :data:`DECODE_ROWS`) scores it with one ``tl.dot`` of ``[BLOCK_N, DP] x [DP, HP]`` (heads
+    padded to ``HP``, dims to ``DP``). ``tiles``: the upper bound, one pool block per tile."""
     backend = backend_of(device)
     block_n = _pool_block(TUNING["score_decode"][backend], max_pool_seq_len)
     tiles = num_requests * cdiv(max_pool_seq_len, block_n)        # at most one pool block per tile

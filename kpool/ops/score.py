@@ -22,9 +22,10 @@ Two tilings of one computation (``kpool.ops.plan``), chosen per request from its
 length, so a row's bits never depend on the rest of the batch, the chunking or the padding:
 
 * :func:`_score_decode_kernel` (requests of at most ``DECODE_ROWS`` rows: decode, MTP verify):
-  a tile is one request x a segment of its pool blocks; for each row of the request the
-  ``[BLOCK_N, D]`` key tiles (each pool row is D contiguous bf16: coalesced) stream through an
-  inner, pipelined loop, each scored with one ``[BLOCK_N, DP] x [DP, HP]`` dot, then ReLU, head
+  a tile is one request x a segment of its pool blocks; the ``[BLOCK_N, D]`` key tiles (each
+  pool row is D contiguous bf16: coalesced) stream through the segment once, and each key tile
+  is scored for every row of the request (2-8 rows for MTP verify and short requests: the tile is
+  read once, not once per row) with one ``[BLOCK_N, DP] x [DP, HP]`` dot per row, then ReLU, head
   weights and the head sum (a tree over the padded heads) in the epilogue.
 * :func:`_score_prefill_kernel` (longer requests): a tile is ``BLOCK_M`` rows x ``BLOCK_N``
   pools; one ``[BLOCK_M, DP] x [DP, BLOCK_N]`` dot per head reuses the key tile, accumulating
@@ -93,6 +94,16 @@ def _store_keys(key_ptrs, pools, key_hi, mask):
     tl.store(key_ptrs, key, mask=mask)
 
 
+@triton.jit
+def _nonfinite_rows(key_tile):
+    """Per row of a ``[BLOCK_N, DP]`` key tile: how many of its elements are NaN or infinite
+    (exact int32 counts). The decode kernel's mode (M) sums them over a query row's own visible
+    pools: nonzero exactly when ``merged_needs_exact`` finds a non-finite key in that row's own
+    masked key tile (masked elements are zeros)."""
+    k = key_tile.to(tl.float32)
+    return tl.sum(tl.where(k - k == 0, 0, 1), axis=1)
+
+
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ["num_segments"] + _CONFIG_RUNTIME)
 def _score_decode_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
@@ -107,11 +118,21 @@ def _score_decode_kernel(
     BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """Keys of the rows ``[row_start, row_start + num_rows)`` that belong to decode-sized
-    requests. Tile = (request, segment of its pool blocks): the request's metadata and each
-    row's query are loaded once, then the pool blocks stream through an inner loop the compiler
-    can pipeline (block table, key tile, dot, epilogue, store). ``keys_ptr``: the int64
-    ``[num_rows, max_pool_seq_len]`` scratch; q and the cache: bf16 (int16 bits when DOT_F32)
-    storage starts, offsets and outer strides in units of VQ / VC elements."""
+    requests. Tile = (request, segment of its pool blocks): the request's metadata is loaded
+    once, then the pool blocks stream through the outer loop (block table, key tile), each key
+    tile read once per request, and the inner loop over the request's rows (at most
+    ``DECODE_ROWS``: decode, MTP verify) reuses it: per row its query and weights (cache-resident
+    after the first block), the dot, the epilogue and the store. Reading the tile per row instead
+    made an MTP=3 batch (4 rows a request) read the cache four times (H200: 283 us against 90 us
+    for one row a request). The tile is loaded up to the largest visibility among the request's
+    rows; every row's cells are the same bits as when it is scored alone: a score cell depends on
+    its own key row only, pools past the row's own visibility are keyed LOWEST, and mode (M)'s
+    exact-fallback test sees only the row's own visible key rows. The key loads sit in the outer
+    loop now, which Triton's pipeliner (innermost loops) does not software-pipeline: on sm_90 the
+    kernel compiles without cp.async (ptxas at H=32, D=128: 146 registers relu, 182 merged, no
+    spills). ``keys_ptr``: the int64 ``[num_rows, max_pool_seq_len]`` scratch; q and the cache:
+    bf16 (int16 bits when DOT_F32) storage starts, offsets and outer strides in units of VQ / VC
+    elements."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n_pool_blocks = tl.cdiv(max_pool_seq_len, BLOCK_N)
@@ -132,27 +153,39 @@ def _score_decode_kernel(
             pools_of_req = tl.load(seq_lens_ptr + r)
             pb_first = segment * per_segment
             pb_end = tl.minimum(pb_first + per_segment, n_pool_blocks)
-            for i in range(0, hi - lo):
-                t = lo + i                      # (a tensor on every backend: the interpreter's range yields ints)
-                vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
-                q_t = load_bf16_operand(q_ptr + (q_offset + t.to(tl.int64) * stride_q_t) * VQ
-                                        + heads[None, :] * (stride_q_h * VQ) + dims[:, None] * stride_q_d,
-                                        (dims < D)[:, None] & (heads < H)[None, :], DOT_F32)  # [DP, HP]
-                w = load_f32(weights_ptr + t.to(tl.int64) * stride_weights_t + heads * stride_weights_h, heads < H,
-                             W_BF16)
-                key_row = keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t
-                for pb in range(pb_first, pb_end):
-                    pools = pb * BLOCK_N + offs_n
-                    load_ok = pools < vis
-                    cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages, cache_offset,
-                                       stride_cache_n, stride_cache_b, stride_block_table_r, stride_block_table_m,
-                                       block_table_width, WIDE, VC)
-                    if D_FULL:      # no channel mask: the key rows load as plain vectors
-                        key_mask = load_ok[:, None]
-                    else:
-                        key_mask = load_ok[:, None] & (dims < D)[None, :]
-                    key_tile = load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d,
-                                                 key_mask, DOT_F32)  # [BLOCK_N, DP]
+            # The request's rows share each key tile: it is loaded for the largest visibility
+            # among them (positions are read per row, never assumed consecutive), and each row
+            # then masks the pools past its own visibility (score_key_hi: LOWEST, as before).
+            vis_max = visible_pools(tl.load(positions_ptr + lo).to(tl.int32), pools_of_req, P)
+            for i in range(1, hi - lo):
+                vis_max = tl.maximum(vis_max, visible_pools(tl.load(positions_ptr + lo + i).to(tl.int32),
+                                                            pools_of_req, P))
+            for pb in range(pb_first, pb_end):
+                pools = pb * BLOCK_N + offs_n
+                tile_ok = pools < vis_max
+                cells = _key_cells(block_table_ptr, r, pools, tile_ok, page_size, num_pages, cache_offset,
+                                   stride_cache_n, stride_cache_b, stride_block_table_r, stride_block_table_m,
+                                   block_table_width, WIDE, VC)
+                if D_FULL:      # no channel mask: the key rows load as plain vectors
+                    key_mask = tile_ok[:, None]
+                else:
+                    key_mask = tile_ok[:, None] & (dims < D)[None, :]
+                key_tile = load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d,
+                                             key_mask, DOT_F32)  # [BLOCK_N, DP], read once for every row
+                if MODE == 1:
+                    key_nonfinite = _nonfinite_rows(key_tile)
+                for i in range(0, hi - lo):
+                    t = lo + i                  # (a tensor on every backend: the interpreter's range yields ints)
+                    vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
+                    load_ok = pools < vis       # this row's own visible pools
+                    q_t = load_bf16_operand(q_ptr + (q_offset + t.to(tl.int64) * stride_q_t) * VQ
+                                            + heads[None, :] * (stride_q_h * VQ) + dims[:, None] * stride_q_d,
+                                            (dims < D)[:, None] & (heads < H)[None, :], DOT_F32)  # [DP, HP]
+                    w = load_f32(weights_ptr + t.to(tl.int64) * stride_weights_t + heads * stride_weights_h,
+                                 heads < H, W_BF16)
+                    key_row = keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t
+                    # Each score cell depends on its own key row only, so the key rows this row
+                    # does not see (loaded for a longer row) change none of its visible cells.
                     s = tl.dot(key_tile, q_t, input_precision="ieee")                       # [BLOCK_N, HP]
                     if MODE == 0:   # w * relu(s), bit for bit (see the prefill kernel)
                         term = tl.where(s < 0, (w * 0.0)[None, :], w[None, :] * s)
@@ -162,7 +195,13 @@ def _score_decode_kernel(
                     # where, not by a zero weight (0 * NaN is NaN).
                     score = tl.sum(tl.where((heads < H)[None, :], term, 0.0), axis=1)
                     if MODE == 1:
-                        if merged_needs_exact(key_tile, nonfinite_ptr + t + tl.arange(0, 1), DOT_F32):
+                        # merged_needs_exact's test on this row's own visible key rows (as when
+                        # the tile was loaded per row): a non-finite key that only a longer row of
+                        # the request sees must not move this row to the exact path (its bits
+                        # would change). Counted per key row once per tile, not by masking the
+                        # tile per row: that spilled at H=32, D=128 on sm_90 (ptxas).
+                        bad_keys = tl.sum(tl.where(load_ok, key_nonfinite, 0), axis=0)
+                        if (bad_keys > 0) | (tl.load(nonfinite_ptr + t) != 0):
                             score = merged_exact(qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr, cells,
                                                   load_ok, stride_cache_d, DP if D_FULL else D, DOT_F32)
                     _store_keys(key_row + pools, pools, score_key_hi(score, pools >= vis), pools < max_pool_seq_len)
