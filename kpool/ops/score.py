@@ -23,9 +23,9 @@ length, so a row's bits never depend on the rest of the batch, the chunking or t
 
 * :func:`_score_decode_kernel` (requests of at most ``DECODE_ROWS`` rows: decode, MTP verify):
   a tile is one request x a segment of its pool blocks; the ``[BLOCK_N, D]`` key tiles (each
-  pool row is D contiguous bf16: coalesced) stream through the segment once, and each key tile
-  is scored for every row of the request (2-8 rows for MTP verify and short requests: the tile is
-  read once, not once per row) with one ``[BLOCK_N, DP] x [DP, HP]`` dot per row, then ReLU, head
+  pool row is D contiguous bf16: coalesced) are scored with one ``[BLOCK_N, DP] x [DP, HP]`` dot
+  per row (when a request has 2-8 rows, MTP verify or a short request, each key tile is read once
+  for all of them; one row a request streams its tiles through a pipelined loop), then ReLU, head
   weights and the head sum (a tree over the padded heads) in the epilogue.
 * :func:`_score_prefill_kernel` (longer requests): a tile is ``BLOCK_M`` rows x ``BLOCK_N``
   pools; one ``[BLOCK_M, DP] x [DP, BLOCK_N]`` dot per head reuses the key tile, accumulating
@@ -104,6 +104,55 @@ def _nonfinite_rows(key_tile):
     return tl.sum(tl.where(k - k == 0, 0, 1), axis=1)
 
 
+@triton.jit
+def _load_key_tile(cache_ptr, cells, ok, dims, D, stride_cache_d, D_FULL: tl.constexpr, DOT_F32: tl.constexpr):
+    """The ``[BLOCK_N, DP]`` key tile of the pools ``ok`` (zeros elsewhere and past ``D``)."""
+    if D_FULL:      # no channel mask: the key rows load as plain vectors
+        key_mask = ok[:, None]
+    else:
+        key_mask = ok[:, None] & (dims < D)[None, :]
+    return load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d, key_mask, DOT_F32)
+
+
+@triton.jit
+def _load_query_row(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr, stride_weights_t,
+                    stride_weights_h, t, heads, dims, H, D, VQ: tl.constexpr, W_BF16: tl.constexpr,
+                    DOT_F32: tl.constexpr):
+    """Row ``t``'s query as the dot's ``[DP, HP]`` operand and its fp32 head weights ``[HP]``."""
+    q_t = load_bf16_operand(q_ptr + (q_offset + t.to(tl.int64) * stride_q_t) * VQ
+                            + heads[None, :] * (stride_q_h * VQ) + dims[:, None] * stride_q_d,
+                            (dims < D)[:, None] & (heads < H)[None, :], DOT_F32)
+    w = load_f32(weights_ptr + t.to(tl.int64) * stride_weights_t + heads * stride_weights_h, heads < H, W_BF16)
+    return q_t, w
+
+
+@triton.jit
+def _head_sum(s, w, heads, H, MODE: tl.constexpr):
+    """One row's scores of a key tile, ``[BLOCK_N]`` fp32 (§4.2), from its dot ``s`` ``[BLOCK_N,
+    HP]``: per head ``w * relu(s)`` (R) or ``w * s`` (M), summed over the heads."""
+    if MODE == 0:   # w * relu(s), bit for bit (see the prefill kernel)
+        term = tl.where(s < 0, (w * 0.0)[None, :], w[None, :] * s)
+    else:
+        term = w[None, :] * s
+    # Head sum in tree order (certified, parity-contract.md §3.2); padded heads by
+    # where, not by a zero weight (0 * NaN is NaN).
+    score = tl.sum(tl.where((heads < H)[None, :], term, 0.0), axis=1)
+    return score
+
+
+@triton.jit
+def _exact_and_store(score, needs_exact, qbar_row_ptr, cache_ptr, cells, load_ok, stride_cache_d, D_EXACT,
+                     key_row, first_pool, offs_n, vis, max_pool_seq_len, MODE: tl.constexpr, DOT_F32: tl.constexpr):
+    """Mode (M)'s exact fallback where ``needs_exact``, then the keys of pools ``first_pool +
+    offs_n`` of one row: LOWEST past the row's ``vis`` visible pools, nothing past
+    ``max_pool_seq_len``."""
+    pools = first_pool + offs_n
+    if MODE == 1:
+        if needs_exact:
+            score = merged_exact(qbar_row_ptr, cache_ptr, cells, load_ok, stride_cache_d, D_EXACT, DOT_F32)
+    _store_keys(key_row + pools, pools, score_key_hi(score, pools >= vis), pools < max_pool_seq_len)
+
+
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ["num_segments"] + _CONFIG_RUNTIME)
 def _score_decode_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
@@ -115,23 +164,28 @@ def _score_decode_kernel(
     row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, num_segments, H, D, P,
     MODE: tl.constexpr, W_BF16: tl.constexpr, D_FULL: tl.constexpr,
     WIDE: tl.constexpr, VQ: tl.constexpr, VC: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr,
-    BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr, KEY_TILE_OUTER: tl.constexpr,
 ):
     """Keys of the rows ``[row_start, row_start + num_rows)`` that belong to decode-sized
-    requests. Tile = (request, segment of its pool blocks): the request's metadata is loaded
-    once, then the pool blocks stream through the outer loop (block table, key tile), each key
-    tile read once per request, and the inner loop over the request's rows (at most
-    ``DECODE_ROWS``: decode, MTP verify) reuses it: per row its query and weights (cache-resident
-    after the first block), the dot, the epilogue and the store. Reading the tile per row instead
-    made an MTP=3 batch (4 rows a request) read the cache four times (H200: 283 us against 90 us
-    for one row a request). The tile is loaded up to the largest visibility among the request's
-    rows; every row's cells are the same bits as when it is scored alone: a score cell depends on
-    its own key row only, pools past the row's own visibility are keyed LOWEST, and mode (M)'s
-    exact-fallback test sees only the row's own visible key rows. The key loads sit in the outer
-    loop now, which Triton's pipeliner (innermost loops) does not software-pipeline: on sm_90 the
-    kernel compiles without cp.async (ptxas at H=32, D=128: 146 registers relu, 182 merged, no
-    spills). ``keys_ptr``: the int64 ``[num_rows, max_pool_seq_len]`` scratch; q and the cache:
-    bf16 (int16 bits when DOT_F32) storage starts, offsets and outer strides in units of VQ / VC
+    requests. Tile = (request, segment of its pool blocks): the request's metadata is loaded once,
+    then one of two loop orders (``KEY_TILE_OUTER``, from the plan; the same bits either way):
+
+    * key tile outer (MTP verify, short requests: the chunk has more rows than requests): the pool
+      blocks stream through the outer loop (block table, key tile), each key tile read once per
+      request, and the inner loop over the request's rows (at most ``DECODE_ROWS``) reuses it: per
+      row its query and weights (cache-resident after the first block), the dot, the epilogue,
+      the store. The tile is loaded up to the largest visibility among the request's rows; a
+      score cell depends on its own key row only, pools past the row's own visibility are keyed
+      LOWEST, and mode (M)'s exact-fallback test sees only the row's own visible key rows, so every
+      row's cells are the bits it gets when scored alone. (Reading the tile per row made an
+      MTP=3 batch read the cache four times: H200 334 us against 265 us this way.)
+    * rows outer (one row a request, plain decode): each row's query is loaded once, then its
+      pool blocks stream through an inner loop that Triton's pipeliner (innermost loops only)
+      software-pipelines; key tile outer compiles without cp.async on sm_90 and ran the decode
+      64 x 64k batch in 108 us against 96 us this way.
+
+    ``keys_ptr``: the int64 ``[num_rows, max_pool_seq_len]`` scratch; q and the cache: bf16
+    (int16 bits when DOT_F32) storage starts, offsets and outer strides in units of VQ / VC
     elements."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -153,58 +207,70 @@ def _score_decode_kernel(
             pools_of_req = tl.load(seq_lens_ptr + r)
             pb_first = segment * per_segment
             pb_end = tl.minimum(pb_first + per_segment, n_pool_blocks)
-            # The request's rows share each key tile: it is loaded for the largest visibility
-            # among them (positions are read per row, never assumed consecutive), and each row
-            # then masks the pools past its own visibility (score_key_hi: LOWEST, as before).
-            vis_max = visible_pools(tl.load(positions_ptr + lo).to(tl.int32), pools_of_req, P)
-            for i in range(1, hi - lo):
-                vis_max = tl.maximum(vis_max, visible_pools(tl.load(positions_ptr + lo + i).to(tl.int32),
-                                                            pools_of_req, P))
-            for pb in range(pb_first, pb_end):
-                pools = pb * BLOCK_N + offs_n
-                tile_ok = pools < vis_max
-                cells = _key_cells(block_table_ptr, r, pools, tile_ok, page_size, num_pages, cache_offset,
-                                   stride_cache_n, stride_cache_b, stride_block_table_r, stride_block_table_m,
-                                   block_table_width, WIDE, VC)
-                if D_FULL:      # no channel mask: the key rows load as plain vectors
-                    key_mask = tile_ok[:, None]
-                else:
-                    key_mask = tile_ok[:, None] & (dims < D)[None, :]
-                key_tile = load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d,
-                                             key_mask, DOT_F32)  # [BLOCK_N, DP], read once for every row
-                if MODE == 1:
-                    key_nonfinite = _nonfinite_rows(key_tile)
-                for i in range(0, hi - lo):
-                    t = lo + i                  # (a tensor on every backend: the interpreter's range yields ints)
-                    vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
-                    load_ok = pools < vis       # this row's own visible pools
-                    q_t = load_bf16_operand(q_ptr + (q_offset + t.to(tl.int64) * stride_q_t) * VQ
-                                            + heads[None, :] * (stride_q_h * VQ) + dims[:, None] * stride_q_d,
-                                            (dims < D)[:, None] & (heads < H)[None, :], DOT_F32)  # [DP, HP]
-                    w = load_f32(weights_ptr + t.to(tl.int64) * stride_weights_t + heads * stride_weights_h,
-                                 heads < H, W_BF16)
-                    key_row = keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t
-                    # Each score cell depends on its own key row only, so the key rows this row
-                    # does not see (loaded for a longer row) change none of its visible cells.
-                    s = tl.dot(key_tile, q_t, input_precision="ieee")                       # [BLOCK_N, HP]
-                    if MODE == 0:   # w * relu(s), bit for bit (see the prefill kernel)
-                        term = tl.where(s < 0, (w * 0.0)[None, :], w[None, :] * s)
-                    else:
-                        term = w[None, :] * s
-                    # Head sum in tree order (certified, parity-contract.md §3.2); padded heads by
-                    # where, not by a zero weight (0 * NaN is NaN).
-                    score = tl.sum(tl.where((heads < H)[None, :], term, 0.0), axis=1)
+            if KEY_TILE_OUTER:
+                # The request's rows share each key tile: it is loaded for the largest visibility
+                # among them (positions are read per row, never assumed consecutive), and each row
+                # then masks the pools past its own visibility (score_key_hi: LOWEST, as before).
+                vis_max = visible_pools(tl.load(positions_ptr + lo).to(tl.int32), pools_of_req, P)
+                for i in range(1, hi - lo):
+                    vis_max = tl.maximum(vis_max, visible_pools(tl.load(positions_ptr + lo + i).to(tl.int32),
+                                                                pools_of_req, P))
+                for pb in range(pb_first, pb_end):
+                    pools = pb * BLOCK_N + offs_n
+                    tile_ok = pools < vis_max
+                    cells = _key_cells(block_table_ptr, r, pools, tile_ok, page_size, num_pages,
+                                       cache_offset, stride_cache_n, stride_cache_b, stride_block_table_r,
+                                       stride_block_table_m, block_table_width, WIDE, VC)
+                    key_tile = _load_key_tile(cache_ptr, cells, tile_ok, dims, D, stride_cache_d, D_FULL, DOT_F32)
                     if MODE == 1:
-                        # merged_needs_exact's test on this row's own visible key rows (as when
-                        # the tile was loaded per row): a non-finite key that only a longer row of
-                        # the request sees must not move this row to the exact path (its bits
-                        # would change). Counted per key row once per tile, not by masking the
-                        # tile per row: that spilled at H=32, D=128 on sm_90 (ptxas).
-                        bad_keys = tl.sum(tl.where(load_ok, key_nonfinite, 0), axis=0)
-                        if (bad_keys > 0) | (tl.load(nonfinite_ptr + t) != 0):
-                            score = merged_exact(qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr, cells,
-                                                  load_ok, stride_cache_d, DP if D_FULL else D, DOT_F32)
-                    _store_keys(key_row + pools, pools, score_key_hi(score, pools >= vis), pools < max_pool_seq_len)
+                        key_nonfinite = _nonfinite_rows(key_tile)
+                    for i in range(0, hi - lo):
+                        t = lo + i                  # (a tensor on every backend: the interpreter's range yields ints)
+                        vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
+                        load_ok = pools < vis       # this row's own visible pools
+                        q_t, w = _load_query_row(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr,
+                                                 stride_weights_t, stride_weights_h, t, heads, dims, H, D, VQ, W_BF16,
+                                                 DOT_F32)
+                        # Each score cell depends on its own key row only, so the key rows this row
+                        # does not see (loaded for a longer row) change none of its visible cells.
+                        s = tl.dot(key_tile, q_t, input_precision="ieee")                   # [BLOCK_N, HP]
+                        score = _head_sum(s, w, heads, H, MODE)
+                        needs_exact = False
+                        if MODE == 1:
+                            # merged_needs_exact's test on this row's own visible key rows only (as
+                            # when the tile was loaded for this row): a non-finite key that only a
+                            # longer row sees must not move this row to the exact path. Counted per
+                            # key row once per tile: masking the tile per row spilled at H=32, D=128
+                            # on sm_90 (ptxas).
+                            bad_keys = tl.sum(tl.where(load_ok, key_nonfinite, 0), axis=0)
+                            needs_exact = (bad_keys > 0) | (tl.load(nonfinite_ptr + t) != 0)
+                        _exact_and_store(score, needs_exact, qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr,
+                                         cells, load_ok, stride_cache_d, DP if D_FULL else D,
+                                         keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t, pb * BLOCK_N,
+                                         offs_n, vis, max_pool_seq_len, MODE, DOT_F32)
+            else:
+                for i in range(0, hi - lo):
+                    t = lo + i                      # (a tensor on every backend: the interpreter's range yields ints)
+                    vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
+                    q_t, w = _load_query_row(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr,
+                                             stride_weights_t, stride_weights_h, t, heads, dims, H, D, VQ, W_BF16,
+                                             DOT_F32)
+                    for pb in range(pb_first, pb_end):
+                        pools = pb * BLOCK_N + offs_n
+                        load_ok = pools < vis
+                        cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages,
+                                           cache_offset, stride_cache_n, stride_cache_b, stride_block_table_r,
+                                           stride_block_table_m, block_table_width, WIDE, VC)
+                        key_tile = _load_key_tile(cache_ptr, cells, load_ok, dims, D, stride_cache_d, D_FULL, DOT_F32)
+                        s = tl.dot(key_tile, q_t, input_precision="ieee")                   # [BLOCK_N, HP]
+                        score = _head_sum(s, w, heads, H, MODE)
+                        needs_exact = False
+                        if MODE == 1:
+                            needs_exact = merged_needs_exact(key_tile, nonfinite_ptr + t + tl.arange(0, 1), DOT_F32)
+                        _exact_and_store(score, needs_exact, qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr,
+                                         cells, load_ok, stride_cache_d, DP if D_FULL else D,
+                                         keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t, pb * BLOCK_N,
+                                         offs_n, vis, max_pool_seq_len, MODE, DOT_F32)
 
 
 @triton.jit(do_not_specialize=["num_requests", "search_steps", "row_start", "num_rows"])
@@ -410,7 +476,7 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
     w_bf16 = weights.dtype == torch.bfloat16
     w_arg = weights.view(torch.int16) if w_bf16 else weights
     span = 1 + sum((s - 1) * st for s, st in zip(compressed_cache.shape, compressed_cache.stride()))
-    decode = launch_plan.score_decode_plan(R, max_pool_seq_len, H, D, q.device, launch_options)
+    decode = launch_plan.score_decode_plan(R, max_pool_seq_len, H, D, q.device, launch_options, num_rows=num_rows)
     prefill = launch_plan.score_prefill_plan(num_rows, R, T, max_pool_seq_len, D, q.device, launch_options)
     # The interpreter gets int16 views (its dots run in fp32 from the bits); compiled backends
     # the bf16 tensors themselves (tensor-core operands straight from memory).
