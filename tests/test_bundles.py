@@ -85,7 +85,12 @@ def test_bundle_holds_case_inputs_outputs_findings_environment(tmp_path, device)
 
 
 @pytest.mark.integration
-def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path, device):
+def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path, device, capsys):
+    """The replay in a fresh process (``python -m parity replay``) reproduces every check; then,
+    in this process (the same ``parity.cli.main``, no fresh process claimed), how edited findings
+    are judged."""
+    from kpool.platform import resolve_device
+    from parity.cli import main
     case, res, path = _record(tmp_path, device)
     proc = _python("replay", path, device=device)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -95,19 +100,22 @@ def test_replay_in_a_fresh_process_gives_identical_findings(tmp_path, device):
     assert "kernel=tests.test_reports:planted_fault" in proc.stdout and "at git " in proc.stdout
     # recorded counts that differ from what the code does now: reported; the verdict (the same
     # failures) still reproduces, so only --expect identical fails
+    resolve_device(device)
     records = json.load(open(os.path.join(path, "findings.json")))
     k = next(i for i, r in enumerate(records) if r["verdict"] == "cache-mismatch")
     records[k]["mismatches"] += 1
     json.dump(records, open(os.path.join(path, "findings.json"), "w"))
-    proc = _python("replay", path, device=device)
-    assert proc.returncode == 0 and "checks differ from the bundle (2 rows)" in proc.stdout, proc.stdout
-    assert "reproduced the verdict" in proc.stdout
-    assert _python("replay", path, "--expect", "identical", device=device).returncode == 1
+    capsys.readouterr()
+    assert main(["replay", path]) == 0
+    out = capsys.readouterr().out
+    assert "checks differ from the bundle (2 rows)" in out and "reproduced the verdict" in out, out
+    assert main(["replay", path, "--expect", "identical"]) == 1
     # another failure class: the verdict does not reproduce, exit 1
     records[k]["verdict"] = "ring-mismatch"
     json.dump(records, open(os.path.join(path, "findings.json"), "w"))
-    proc = _python("replay", path, device=device)
-    assert proc.returncode == 1 and "not reproduced" in proc.stdout, proc.stdout
+    capsys.readouterr()
+    assert main(["replay", path]) == 1
+    assert "not reproduced" in capsys.readouterr().out
 
 
 @pytest.mark.integration
