@@ -49,9 +49,10 @@ def add_run_options(parser) -> None:
     from ..implementations.semantics import SCORE_MODES, TIE_POLICIES, VALIDATORS
     parser.add_argument("--kernel", default="kpool", metavar="SPEC",
                         help="implementation under test: kpool (default), mutant:NAME (a planted fault of "
-                             "parity.implementations.mutants; python -m parity list mutants), vllm-ascend:PATH (vLLM-Ascend's "
-                             "operators from a checkout), or package.module:function (python -m parity list "
-                             "implementations)")
+                             "parity.implementations.mutants; python -m parity list mutants), git:REV (this repository's kpool "
+                             "at a git revision), vllm-ascend:PATH[@REV] (vLLM-Ascend's operators from a checkout, "
+                             "optionally at a git revision of it), or package.module:function (python -m parity "
+                             "list implementations)")
     parser.add_argument("--score-mode", default=None, choices=SCORE_MODES,
                         help="score mode of every case, both sides (kpool-algorithm.md 4.2; default: the "
                              "implementation's declared mode, else each case's own)")
@@ -76,8 +77,8 @@ def add_run_options(parser) -> None:
     parser.add_argument("--isolate", default="auto", choices=ISOLATE_CHOICES,
                         help="run the implementation's cases in a child worker process, so that a crash (even a "
                              "segfault or abort) ends only that case as a crash finding: auto (default) for "
-                             "implementations that are not this checkout's own (git:REV, vllm-ascend:PATH, "
-                             "module:function), on, off")
+                             "implementations that are not this repository's own (vllm-ascend:PATH, module:function; "
+                             "not kpool, mutant:NAME or git:REV), on, off")
     parser.add_argument("--metamorphic", nargs="*", default=None, metavar="RELATION",
                         help="also check metamorphic relations on every step, bitwise (no name = all: "
                              f"{', '.join(RELATION_NAMES)})")
