@@ -339,6 +339,12 @@ def bad_metadata(size: str) -> Case:
     return dataclasses.replace(case, steps=steps)
 
 
+def prefill_topk_no_tail(size: str) -> Case:
+    """``prefill-topk`` in HF's second mode, ``always_select_tail=False`` (kpool-algorithm.md §10):
+    rows of width ``K_tok``, no causal tail."""
+    return without_tail(prefill_topk(size))
+
+
 SCENARIOS: Dict[str, Callable[[str], Case]] = {
     "prefill-tail": prefill_tail,
     "decode-tail": decode_tail,
@@ -346,7 +352,7 @@ SCENARIOS: Dict[str, Callable[[str], Case]] = {
     "prefill-topk": prefill_topk,
     "full-padding": full_padding,
     "cache-only": cache_only,
-    "prefill-topk-no-tail": lambda size: without_tail(prefill_topk(size)),
+    "prefill-topk-no-tail": prefill_topk_no_tail,
     "non-finite": non_finite,
     "bad-metadata": bad_metadata,
     "bad-arguments": bad_arguments,
@@ -359,8 +365,8 @@ SCENARIOS: Dict[str, Callable[[str], Case]] = {
 def without_tail(case: Case) -> Case:
     """``case`` in HF's second mode, ``always_select_tail=False`` (kpool-algorithm.md §10): the
     same steps and geometry, rows of width ``K_tok`` without the causal tail. Named
-    ``NAME-no-tail``. Not in :data:`SCENARIOS` yet: the kernels do not take the flag (the
-    runner passes it and a kernel without it fails); the reference, the oracle and HF do."""
+    ``NAME-no-tail`` (:data:`SCENARIOS` has ``prefill-topk-no-tail``; an implementation without
+    the mode reports its steps "unsupported by IMPL")."""
     import dataclasses
     return dataclasses.replace(case, name=f"{case.name}-no-tail", config=case.config.with_(always_select_tail=False),
                                description=f"{case.description} (always_select_tail=False)")
