@@ -105,13 +105,21 @@ def _nonfinite_rows(key_tile):
 
 
 @triton.jit
-def _load_key_tile(cache_ptr, cells, ok, dims, D, stride_cache_d, D_FULL: tl.constexpr, DOT_F32: tl.constexpr):
-    """The ``[BLOCK_N, DP]`` key tile of the pools ``ok`` (zeros elsewhere and past ``D``)."""
+def _load_key_tile(cache_ptr, block_table_ptr, r, pools, ok, dims, D, page_size, num_pages, cache_offset,
+                   stride_cache_n, stride_cache_b, stride_cache_d, stride_block_table_r, stride_block_table_m,
+                   block_table_width, WIDE: tl.constexpr, VC: tl.constexpr, D_FULL: tl.constexpr,
+                   DOT_F32: tl.constexpr):
+    """``(cells, key_tile)`` of the decode kernel's pool block ``pools`` of request ``r``: each
+    pool's key-row offset (:func:`_key_cells`) and the ``[BLOCK_N, DP]`` key tile of the pools
+    ``ok`` (zeros elsewhere and past ``D``)."""
+    cells = _key_cells(block_table_ptr, r, pools, ok, page_size, num_pages, cache_offset, stride_cache_n,
+                       stride_cache_b, stride_block_table_r, stride_block_table_m, block_table_width, WIDE, VC)
     if D_FULL:      # no channel mask: the key rows load as plain vectors
         key_mask = ok[:, None]
     else:
         key_mask = ok[:, None] & (dims < D)[None, :]
-    return load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d, key_mask, DOT_F32)
+    key_tile = load_bf16_operand(cache_ptr + cells[:, None] + dims[None, :] * stride_cache_d, key_mask, DOT_F32)
+    return cells, key_tile
 
 
 @triton.jit
@@ -218,10 +226,10 @@ def _score_decode_kernel(
                 for pb in range(pb_first, pb_end):
                     pools = pb * BLOCK_N + offs_n
                     tile_ok = pools < vis_max
-                    cells = _key_cells(block_table_ptr, r, pools, tile_ok, page_size, num_pages,
-                                       cache_offset, stride_cache_n, stride_cache_b, stride_block_table_r,
-                                       stride_block_table_m, block_table_width, WIDE, VC)
-                    key_tile = _load_key_tile(cache_ptr, cells, tile_ok, dims, D, stride_cache_d, D_FULL, DOT_F32)
+                    cells, key_tile = _load_key_tile(cache_ptr, block_table_ptr, r, pools, tile_ok, dims, D,
+                                                     page_size, num_pages, cache_offset, stride_cache_n, stride_cache_b,
+                                                     stride_cache_d, stride_block_table_r, stride_block_table_m,
+                                                     block_table_width, WIDE, VC, D_FULL, DOT_F32)
                     if MODE == 1:
                         key_nonfinite = _nonfinite_rows(key_tile)
                     for i in range(0, hi - lo):
@@ -258,10 +266,11 @@ def _score_decode_kernel(
                     for pb in range(pb_first, pb_end):
                         pools = pb * BLOCK_N + offs_n
                         load_ok = pools < vis
-                        cells = _key_cells(block_table_ptr, r, pools, load_ok, page_size, num_pages,
-                                           cache_offset, stride_cache_n, stride_cache_b, stride_block_table_r,
-                                           stride_block_table_m, block_table_width, WIDE, VC)
-                        key_tile = _load_key_tile(cache_ptr, cells, load_ok, dims, D, stride_cache_d, D_FULL, DOT_F32)
+                        cells, key_tile = _load_key_tile(cache_ptr, block_table_ptr, r, pools, load_ok, dims, D,
+                                                         page_size, num_pages, cache_offset, stride_cache_n,
+                                                         stride_cache_b, stride_cache_d, stride_block_table_r,
+                                                         stride_block_table_m, block_table_width, WIDE, VC,
+                                                         D_FULL, DOT_F32)
                         s = tl.dot(key_tile, q_t, input_precision="ieee")                   # [BLOCK_N, HP]
                         score = _head_sum(s, w, heads, H, MODE)
                         needs_exact = False

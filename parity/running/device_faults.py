@@ -38,7 +38,8 @@ def device_fault(device: str, sync: Optional[Callable[[str], None]] = None) -> O
 
     Args:
         device: ``"cuda"``, ``"npu"`` or ``"cpu"`` (the interpreter: always ``None``).
-        sync: the synchronize to try (default ``torch.<device>.synchronize``; tests pass a fake).
+        sync: the synchronize to try (default ``parity.implementations.forwards.sync``; tests pass a
+            fake).
     """
     if device not in ("cuda", "npu"):
         return None
