@@ -41,9 +41,9 @@ POINTERS = {
 }
 PREFILL_SPILL_BYTES = 256
 """Spill bound of the prefill score kernel (see the test)."""
-SELECT_SPILL_BYTES = 320
-"""Spill bound of the top-k select at its 16384-lane tile (32 warps, 64 registers): 264 bytes
-since the tie fix-up keys on the low words (a second resident block); 0 at 2048 lanes."""
+SELECT_SPILL_BYTES = 160
+"""Spill bound of the top-k select at its 16384-lane tile (16 warps, 128 registers): 120 bytes (the
+tie fix-up's low words are a second resident block, the scan's counts a third); 0 at 2048 lanes."""
 MERGED_PREFILL_SPILL_BYTES = 640
 """Spill bound of the prefill score kernel in mode (M) since H, D, P became runtime ints (issue 20):
 568 bytes at H=3 (split parts), D=128 (it was 256 with them constexpr); the relu mode's GLM shape

@@ -76,9 +76,9 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # [NT, T] tile (NT in {NT_MIN, NT_MAX} on compiled backends: two shapes); the K selected are
     # ordered in chunks of CHUNK rows x KP columns (KP from KP_SIZES). Wider rows / larger K fall
     # back to torch.topk on the keys (the same result).
-    # max_rows: above it torch.topk is faster on the H200 (2048 x 16384: 1.09 ms vs 0.99 ms; 256
-    # rows: 0.15 vs 0.21 ms), so a chunk of more rows falls back (docs/kernels.md).
-    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2, max_rows=1024),
+    # Every score chunk takes the kernels on the H200 since the compaction is one scan (1024 x
+    # 16384, K 512: 0.35 ms against torch.topk's 0.57; docs/kernels.md).
+    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2),
                     "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1),
                     "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT)},
     "topk_order": {"cuda": dict(KP_SIZES=(128, 512, 2048), lanes=16384, per_core=8, num_warps=4),
@@ -374,14 +374,15 @@ def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=
         t = sel["T"]
         nt = sel["NT_MIN"] if width <= sel["NT_MIN"] * t else sel["NT_MAX"]
         kp = next((k for k in order["KP_SIZES"] if k >= selected), None)
-    if nt > sel["NT_MAX"] or nt * t < width or kp is None or selected < 1 or num_rows > sel.get("max_rows", num_rows):
+    if nt > sel["NT_MAX"] or nt * t < width or kp is None or selected < 1:
         return None
     chunk = max(1, min(kp, order["lanes"] // kp))
     first = _make("topk_select", num_rows, backend, device,
-                  dict(NT=nt, T=t, CT=MIN_DOT, DOT_F32=backend == "cpu"),
+                  dict(NT=nt, T=t),
                   launch_options, cores)
-    if launch_options is None and backend == "cuda":   # a warp per 512 resident keys, 4..32: no spills
-        first = replace(first, options=dict(first.options, num_warps=max(4, min(32, nt * t // 512))))
+    # cuda: a warp per 1024 resident keys, 4..16 (H200, 64 x 16384: 16 warps 39 us, 32 warps 44)
+    if launch_options is None and backend == "cuda":
+        first = replace(first, options=dict(first.options, num_warps=max(4, min(16, nt * t // 1024))))
     second = _make("topk_order", num_rows * cdiv(selected, chunk), backend, device, dict(KP=kp, CHUNK=chunk),
                    launch_options, cores)
     return first, second

@@ -9,17 +9,17 @@ of the scores puts first, bit for bit, whatever algorithm finds them.
 
 :func:`select_topk` finds them with two portable Triton launches (no ``tl.sort``/``tl.topk``,
 no atomics, no histogram op: platform-numerics.md §6.1), only integer compares, exact integer
-``tl.sum`` counts and one 0/1 ``tl.dot`` (exact):
+``tl.sum`` counts and one exact int32 ``tl.cumsum``:
 
 1. :func:`_select_kernel`, one row per tile, the row's 32-bit images held in registers (a 1-D
    block of ``NT * T``, read once): a bitwise binary search for the K-th largest image ``v`` (32
    counting passes over the registers), then the tie fix-up: of the keys whose image is ``v``
    only the largest low words (``0xFFFFFFFF - pool``: the lowest ids) are kept, as many as
    ``K - #(image > v)`` (a second bitwise search, over the low words; skipped when no tie crosses
-   the K-th place). So the kernel returns the K largest of any unique int64 keys. Exactly K lanes are chosen; a second read of the row (``CT x T`` tiles,
-   from the cache) stores each at its exclusive prefix count (within a ``T``-lane row: a 0/1
-   ``tl.dot`` with the strict upper-triangular ones, exact; across rows: integer masked sums),
-   i.e. compacted in pool order into a work row.
+   the K-th place). So the kernel returns the K largest of any unique int64 keys. Exactly K
+   lanes are chosen; each key (read again from the cache-resident row) is stored at its lane's
+   exclusive prefix count, one scan over the resident block: compacted in pool order into a
+   work row.
 2. :func:`_order_kernel`: each compacted key's rank is the number of the row's K keys above it
    (keys are unique: a permutation); the key is stored at its rank.
 
@@ -46,16 +46,6 @@ _INT32_MIN_C = tl.constexpr(_INT32_MIN)
 
 
 @triton.jit
-def _unit_operand(cond, DOT_F32: tl.constexpr):
-    """0/1 ``tl.dot`` operand of a bool block: fp32 under the interpreter (``DOT_F32``), else bf16
-    made from its bits (``0x3F80`` = 1.0; exact, no rounding)."""
-    if DOT_F32:
-        return tl.where(cond, 1.0, 0.0)
-    else:
-        return tl.where(cond, 0x3F80, 0).to(tl.int16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
 def _count(cond):
     """Number of true lanes of a bool block (an exact int32 sum)."""
     return int32_of(tl.sum(tl.where(cond, 1, 0)))
@@ -65,7 +55,7 @@ def _count(cond):
                                 "selected"])
 def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, cum_query_lens_ptr, num_requests,
                    row_start, num_rows, width, selected,
-                   NT: tl.constexpr, T: tl.constexpr, CT: tl.constexpr, DOT_F32: tl.constexpr):
+                   NT: tl.constexpr, T: tl.constexpr):
     """Launch 1 of :func:`select_topk`: the ``selected`` largest keys of each live row of
     ``keys_ptr`` (int64 ``[num_rows, >= width]``, unit column stride; ``image_ptr`` the same
     memory as int32, whose odd elements are the keys' high words, little-endian), compacted in
@@ -74,9 +64,6 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     col = tl.arange(0, NT * T)                                             # pool ids (1-D: one-level reductions)
-    lane = tl.arange(0, T)
-    sub_row = tl.arange(0, CT)
-    upper = _unit_operand(lane[:, None] < lane[None, :], DOT_F32)         # strict upper-triangular ones
     live = tl.minimum(num_rows, tl.load(cum_query_lens_ptr + num_requests - 1) - row_start)
     for i in range(pid, live, nprog):
         keys_row = keys_ptr + tl.cast(i, tl.int64) * stride_keys_t
@@ -97,7 +84,7 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
         # ids), as many as need. u = the largest int32 with #(tie & low >= u) >= need, low being
         # the low word with its sign bit flipped (unsigned order as signed), bit by bit again;
         # skipped when every pool at v is selected (at_v == selected: no tie crosses the K-th place).
-        u = v * 0 + _INT32_MIN_C
+        chosen = (image >= v) & (col < width)
         if at_v > selected:
             need = selected - _count(image > v)
             tie = (image == v) & (col < width)
@@ -107,24 +94,15 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
             for b in range(0, 31):
                 cand = u | (1 << (30 - b))
                 u = tl.where(_count(low >= cand) >= need, cand, u)
-        # Compaction (exactly `selected` lanes are chosen), CT rows of T at a time from the keys
-        # just read (cache-resident): slot = the exclusive prefix count of the chosen lanes.
-        done = v * 0
-        for r0 in range(0, tl.cdiv(width, CT * T)):
-            ccol = (r0 * CT + sub_row)[:, None] * T + lane[None, :]
-            inside = ccol < width
-            cimage = tl.load(image_row + 2 * ccol, mask=inside, other=_INT32_MIN_C)
-            at = inside & (cimage == v)
-            clow = tl.load(image_row - 1 + 2 * ccol, mask=at, other=0) ^ _INT32_MIN_C
-            chosen = inside & ((cimage > v) | (at & (clow >= u)))
-            per_row = int32_of(tl.sum(tl.where(chosen, 1, 0), axis=1))
-            before = int32_of(tl.sum(tl.where(sub_row[None, :] < sub_row[:, None], per_row[None, :], 0), axis=1))
-            within = tl.dot(_unit_operand(chosen, DOT_F32), upper, input_precision="ieee")   # exact small ints
-            slot = done + before[:, None] + within.to(tl.int32)
-            key = tl.load(keys_row + ccol, mask=chosen, other=0)
-            # (slot < selected: only keys that are not unique could choose more; never written past the row)
-            tl.store(work_ptr + tl.cast(i, tl.int64) * stride_work_t + slot, key, mask=chosen & (slot < selected))
-            done = done + _count(chosen)
+            # u is above INT32_MIN (fewer than all ties are kept, their low words differ): `low >= u`
+            # holds on kept ties only
+            chosen = (image > v) | (low >= u)
+        # Compaction: exactly `selected` lanes are chosen; each goes to its exclusive prefix count
+        # (one exact int32 scan over the resident row), its key read from the cache-resident row.
+        slot = int32_of(tl.cumsum(tl.where(chosen, 1, 0), axis=0)) - 1
+        key = tl.load(keys_row + col, mask=chosen, other=0)
+        # (slot < selected: only keys that are not unique could choose more; never written past the row)
+        tl.store(work_ptr + tl.cast(i, tl.int64) * stride_work_t + slot, key, mask=chosen & (slot < selected))
 
 
 @triton.jit(do_not_specialize=["stride_work_t", "stride_out_t", "num_requests", "row_start", "num_rows",
