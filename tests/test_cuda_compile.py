@@ -42,7 +42,7 @@ POINTERS = {
 PREFILL_SPILL_BYTES = 256
 """Spill bound of the prefill score kernel (see the test)."""
 SELECT_SPILL_BYTES = 160
-"""Spill bound of the top-k select at its 16384-lane tile (16 warps, 128 registers): 120 bytes (the
+"""Spill bound of the top-k select at its 16384-lane tile (16 warps, 128 registers): 128 bytes (the
 tie fix-up's low words are a second resident block, the scan's counts a third); 0 at 2048 lanes."""
 MERGED_PREFILL_SPILL_BYTES = 640
 """Spill bound of the prefill score kernel in mode (M) since H, D, P became runtime ints (issue 20):

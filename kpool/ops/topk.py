@@ -76,10 +76,13 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
         v = tl.where(at_v >= selected, 0, _INT32_MIN_C)
         at_v = tl.where(at_v >= selected, at_v, width)
         for b in range(0, 31):
-            cand = v | (1 << (30 - b))
-            n = _count(image >= cand)
-            v = tl.where(n >= selected, cand, v)
-            at_v = tl.where(n >= selected, n, at_v)
+            # once exactly `selected` images reach v, v separates them from the rest: the lower
+            # bits change nothing that is chosen (random rows: ~12 of the 31 passes skipped)
+            if at_v != selected:
+                cand = v | (1 << (30 - b))
+                n = _count(image >= cand)
+                v = tl.where(n >= selected, cand, v)
+                at_v = tl.where(n >= selected, n, at_v)
         # Ties at v beyond the K-th: keep the largest low words (0xFFFFFFFF - pool: the lowest
         # ids), as many as need. u = the largest int32 with #(tie & low >= u) >= need, low being
         # the low word with its sign bit flipped (unsigned order as signed), bit by bit again;
@@ -90,10 +93,15 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
             tie = (image == v) & (col < width)
             # INT32_MIN off the ties: never counted, since every candidate is above it
             low = tl.where(tie, tl.load(image_row - 1 + 2 * col, mask=tie, other=0) ^ _INT32_MIN_C, _INT32_MIN_C)
-            u = tl.where(_count(low >= 0) >= need, 0, _INT32_MIN_C)
+            at_u = _count(low >= 0)
+            u = tl.where(at_u >= need, 0, _INT32_MIN_C)
+            at_u = tl.where(at_u >= need, at_u, NT * T)
             for b in range(0, 31):
-                cand = u | (1 << (30 - b))
-                u = tl.where(_count(low >= cand) >= need, cand, u)
+                if at_u != need:     # as above: u already separates the kept ties
+                    cand = u | (1 << (30 - b))
+                    n = _count(low >= cand)
+                    u = tl.where(n >= need, cand, u)
+                    at_u = tl.where(n >= need, n, at_u)
             # u is above INT32_MIN (fewer than all ties are kept, their low words differ): `low >= u`
             # holds on kept ties only
             chosen = (image > v) | (low >= u)
