@@ -7,7 +7,8 @@ package="kpool") -> [Check]``. They call ``forward``, the implementation under t
 ``kpool.indexer.forward``), on launch behaviour the recorded harness runs cannot reach. C27's
 logits check needs the implementation's internal score kernel (``PACKAGE.ops.indexer.score_pools``):
 for an implementation without one (``package=None``, e.g. ``vllm-ascend:PATH``) it is skipped with
-that reason (a passing check whose detail says "skipped"), its rows check still runs.
+that reason (an ``unsupported`` check, counted "unsupported by IMPL" and a JUnit ``<skipped>``, never
+``exact``), its rows check still runs.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from cases.public.model import Call, Check
 from cases.steps import build_step
 
 from ...checking import sentinel as sen
+from ...findings.vocabulary import UNSUPPORTED
 from ...implementations.forwards import torch_device
 
 
@@ -176,9 +178,9 @@ def _c27(device, runs, *, forward=None, package="kpool") -> List[Check]:
         cache = call.compressed.to(dev)
         logits = []
         if score_pools is None:
-            checks.append(Check(f"{label}: logits bitwise identical (skipped)", True,
+            checks.append(Check(f"{label}: logits bitwise identical (skipped)", False,
                                 detail="skipped: the implementation exposes no score kernel (package=None); "
-                                       "its rows are checked below"))
+                                       "its rows are checked below", verdict=UNSUPPORTED))
         for _ in range(n if score_pools is not None else 0):
             out = torch.empty((T_live, mpsl), dtype=torch.float32, device=dev)
             score_pools(q=call.inputs["q"].to(dev), weights=call.inputs["weights"].to(dev), compressed_cache=cache,
