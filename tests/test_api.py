@@ -86,6 +86,8 @@ def test_plugin_collects_the_cases_as_items(tmp_path, device):
                    "--junitxml", str(tmp_path / "junit.xml"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"2 passed, {_seed_count(device) - 2} deselected" in done.stdout
+    listed = _pytest(tmp_path, "--kpool-kernel", "kpool", "--kpool-device", device, "--collect-only")
+    assert f"{_seed_count(device)} tests collected" in listed.stdout, listed.stdout   # counted, not "no tests"
     junit = (tmp_path / "junit.xml").read_text()       # JUnit spells the id's slashes as dots
     for name in ("decode-tail", "cache-only"):
         assert re.search(rf'name="kpool\[seed[./]{name}[./]small\]"', junit), junit
