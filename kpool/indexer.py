@@ -7,6 +7,8 @@ and are imported on first use (never at ``import kpool``).
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .errors import KPoolShapeError
@@ -49,7 +51,11 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
             history columns only, ``W = K_tok``.
 
     Launches: compression, ring write, then per score chunk (one for scratch-sized batches)
-    the decode and the prefill score kernels and the two top-k kernels, then the expansion.
+    the decode score kernel, the prefill score kernel and its row-block helper (only when ``T >
+    DECODE_ROWS``: a batch of at most 8 rows has no request long enough), the two top-k kernels,
+    then the expansion: 8 launches, 6 for ``T <= 8`` (plus the head merge in mode (M)). Launch
+    plans are cached per shape (:mod:`kpool.ops.plan`), so the host work per forward does not grow
+    with the batch.
 
     Returns:
         int32 ``[T, 1, W]`` token ids (``output_buffer[:T, :W]`` viewed as ``[T, 1, W]`` when given),
@@ -72,16 +78,14 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
             pack_tail=pack_tail, output_buffer=output_buffer, always_select_tail=always_select_tail)
     # after validation: a non-int index_topk is a named error, not a TypeError
     W = index_topk + (P - 1 if always_select_tail else 0)
-    from .ops import compress as compress_ops
-    from .ops import indexer as indexer_ops
-    from .ops.plan import score_scratch_rows
+    compress_ops, indexer_ops, plan_ops = _ops()
 
     R = int(cum_query_lens.shape[0])
     # Every buffer of the top-k path is allocated before the first launch: an impossible size
     # (say a huge index_topk) fails here, with the caches untouched.
     if compute_topk:
         selected = min(index_topk // P, max_pool_seq_len) if T > 0 and R > 0 else 0
-        rows_per_chunk = score_scratch_rows(max_pool_seq_len, SCORE_SCRATCH_BYTES, max_score_rows)
+        rows_per_chunk = plan_ops.score_scratch_rows(max_pool_seq_len, SCORE_SCRATCH_BYTES, max_score_rows)
         out, top_keys, top_index, scratch = _allocate(k.device, T, W, selected, max_pool_seq_len,
                                                       min(rows_per_chunk, T), output_buffer)
     compress_ops.compress_and_write_cache(
@@ -107,6 +111,24 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         top_keys=top_keys, positions=positions, cum_query_lens=cum_query_lens, index_topk=index_topk,
         index_kpool=P, pack_tail=pack_tail, out=out, always_select_tail=always_select_tail)
     return out[:, :W].unsqueeze(1)
+
+
+_COMPRESS, _INDEXER, _PLAN = (f"{__package__}.ops.{name}" for name in ("compress", "indexer", "plan"))
+
+
+def _ops():
+    """``(kpool.ops.compress, kpool.ops.indexer, kpool.ops.plan)``: imported on the first forward (never
+    at ``import kpool``), then read from ``sys.modules`` (an import statement per forward costs
+    microseconds). Their attributes are read at each call, so a test may still replace a step
+    (``kpool.ops.indexer.score_keys``)."""
+    modules = sys.modules
+    try:
+        return modules[_COMPRESS], modules[_INDEXER], modules[_PLAN]
+    except KeyError:
+        from .ops import compress as compress_ops
+        from .ops import indexer as indexer_ops
+        from .ops import plan as plan_ops
+        return compress_ops, indexer_ops, plan_ops
 
 
 def _allocate(device, T: int, W: int, selected: int, max_pool_seq_len: int, chunk_rows: int, output_buffer):

@@ -22,15 +22,23 @@ Cores per backend:
   applies. The Triton driver is never touched there (it raises "0 active drivers" on a host
   without GPU/NPU).
 
-Importing this module imports torch only (no Triton): ``parity.checking.programs`` reads plans without
-loading a kernel.
+Plans are cached (:func:`clear_plan_cache`): a plan function returns the same :class:`LaunchPlan`
+object for the same host ints, backend, core count, launch options, :data:`DECODE_ROWS` and
+:data:`TUNING` entries of its kernels (all read at every call, so a changed table or a monkeypatched
+core count takes effect at once). The key holds host ints only, never device data, so graph
+capture is unchanged; a cached plan's ``constexprs`` and ``options`` are read-only.
+
+Importing this module imports torch and :mod:`kpool.platform` only (no Triton): ``parity.checking.programs``
+reads plans without loading a kernel.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Dict, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import torch
+
+from .. import platform as _platform
 
 GRID_LIMIT = 65535
 """Most programs in one launch: Ascend ``coreDim`` is a uint16 (platform-numerics.md §1.3)."""
@@ -92,6 +100,17 @@ _INTERP_MAX_POOLS = 4096
 _DOT_KERNELS = frozenset({"score_decode", "score_prefill"})
 
 _core_cache: dict = {}
+
+PLAN_CACHE_SIZE = 4096
+"""Most cached plans (:func:`_cached_plan`); the cache is emptied when it is full (a stream of
+prefill batches of ever new sizes then builds plans as without a cache)."""
+_PLANS: Dict[tuple, object] = {}
+_MISSING = object()
+
+
+def clear_plan_cache() -> None:
+    """Forget every cached plan (a later call builds it again from the current tables)."""
+    _PLANS.clear()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -167,6 +186,21 @@ def launch_grid(work: int, backend: str, device, *, programs_per_core: int = 1, 
     return max(1, min(int(work), cap))
 
 
+class _ReadOnlyDict(dict):
+    """A dict that refuses changes: a cached plan's ``constexprs`` / ``options`` are shared by every
+    launch of its key. Unpacks (``**``) and copies (``dict(d)``) like a dict."""
+
+    __slots__ = ()
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a LaunchPlan's constexprs and options are read-only (plans are cached, kpool.ops.plan)")
+
+    __setitem__ = __delitem__ = __ior__ = update = pop = popitem = clear = setdefault = _read_only
+
+    def __reduce__(self):
+        return type(self), (dict(self),)
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """One 1-D grid-stride launch.
@@ -178,6 +212,9 @@ class LaunchPlan:
         constexprs: tile sizes and other compile-time constants passed to the kernel.
         options: Triton launch options (``kpool.platform.launch_options`` plus this launch's
             ``num_warps`` / ``num_stages`` on CUDA).
+
+    The plan functions return cached plans whose ``constexprs`` and ``options`` are read-only
+    dicts (a change raises TypeError); copy them (``dict(plan.options)``) to derive others.
     """
 
     kernel: str
@@ -196,20 +233,51 @@ class LaunchPlan:
         return int(tile) % self.grid
 
 
-def _make(kernel: str, tiles: int, backend: str, device, constexprs: dict, launch_options,
-          cores: Optional[int] = None) -> LaunchPlan:
+def _cached_plan(build: Callable, kernels: Tuple[str, ...], args: tuple, device, launch_options,
+                 cores: Optional[int]):
+    """``build(backend, cores, options, explicit, *args)``, once per key (:data:`_PLANS`).
+
+    The key is everything a plan reads: ``build``, the call's host ints ``args``, the backend, the
+    core count (``cores``, else the device's, per :func:`core_count`'s unit of ``kernels[0]``; none on
+    the interpreter), the launch options (``launch_options``, else the backend's from
+    :func:`kpool.platform.launch_options`, and which of the two), :data:`DECODE_ROWS` and the
+    :data:`TUNING` entries of ``kernels``. A launch option that cannot be hashed bypasses the cache.
+    """
+    backend = backend_of(device)
+    if cores is None:
+        cores = core_count(backend, device, unit="cube" if kernels[0] in _DOT_KERNELS else "vector")
+    elif backend not in ("cuda", "npu"):
+        cores = None
+    explicit = launch_options is not None
+    options = dict(launch_options) if explicit else _platform.launch_options(backend)
+    key = (build, args, backend, cores, explicit, tuple(options.items()), DECODE_ROWS,
+           tuple([tuple(TUNING[k][backend].items()) for k in kernels]))
+    try:
+        plan = _PLANS.get(key, _MISSING)
+    except TypeError:                       # an unhashable launch option (or tunable): no cache
+        return build(backend, cores, options, explicit, *args)
+    if plan is _MISSING:
+        plan = build(backend, cores, options, explicit, *args)
+        if len(_PLANS) >= PLAN_CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _make(kernel: str, tiles: int, backend: str, cores: Optional[int], options: dict, explicit: bool,
+          constexprs: dict, **extra_options) -> LaunchPlan:
+    """The plan of one launch. ``cores``: as resolved by :func:`_cached_plan` (None on the
+    interpreter); ``options``: the explicit launch options (``explicit``) or the backend's, to
+    which CUDA adds the tuned ``num_warps`` / ``num_stages`` (then ``extra_options``)."""
     tune = TUNING[kernel][backend]
-    unit = "cube" if kernel in _DOT_KERNELS else "vector"
-    grid = launch_grid(tiles, backend, device, programs_per_core=tune.get("per_core", 1),
-                       cpu_cap=tune.get("cap"), unit=unit, cores=cores)
-    if launch_options is None:
-        from ..platform import launch_options as platform_options
-        options = dict(platform_options(backend))
+    grid = launch_grid(tiles, backend, None, programs_per_core=tune.get("per_core", 1),
+                       cpu_cap=tune.get("cap"), cores=cores)
+    options = dict(options)
+    if not explicit:
         if backend == "cuda":
             options.update({k: tune[k] for k in ("num_warps", "num_stages") if k in tune})
-    else:
-        options = dict(launch_options)
-    return LaunchPlan(kernel, int(tiles), grid, constexprs, options)
+        options.update(extra_options)
+    return LaunchPlan(kernel, int(tiles), grid, _ReadOnlyDict(constexprs), _ReadOnlyDict(options))
 
 
 def _row_block(kernel: str, name: str, num_rows: int, backend: str) -> int:
@@ -235,7 +303,11 @@ def compress_plan(num_rows: int, head_dim: int, index_kpool: int, device, launch
 
     The interpreter always takes rows at once, its tile shrunk to ``T``. Sized by ``T`` (host),
     never by the live rows (device data): graph capture is unchanged."""
-    backend = backend_of(device)
+    return _cached_plan(_compress, ("compress",), (int(num_rows), int(head_dim), int(index_kpool)), device,
+                        launch_options, cores)
+
+
+def _compress(backend, cores, options, explicit, num_rows, head_dim, index_kpool):
     tune = TUNING["compress"][backend]
     block_d = min(tune["BLOCK_D"] or next_pow2(head_dim), next_pow2(head_dim))
     rows_at_once = bool(tune.get("rows_at_once", False))
@@ -249,19 +321,21 @@ def compress_plan(num_rows: int, head_dim: int, index_kpool: int, device, launch
         d_split = max(block_d, min(tune.get("D_SPLIT") or next_pow2(head_dim), next_pow2(head_dim)))
         d_split = -(-d_split // block_d) * block_d
     rows_per_tile = block_j * index_kpool
-    return _make("compress", cdiv(num_rows, rows_per_tile) * cdiv(head_dim, d_split), backend, device,
-                 dict(P=int(index_kpool), BLOCK_J=block_j, BLOCK_D=block_d, D_SPLIT=d_split,
-                      ROWS_AT_ONCE=rows_at_once, BLOCK_R=next_pow2(rows_per_tile)),
-                 launch_options, cores)
+    return _make("compress", cdiv(num_rows, rows_per_tile) * cdiv(head_dim, d_split), backend, cores, options,
+                 explicit, dict(P=int(index_kpool), BLOCK_J=block_j, BLOCK_D=block_d, D_SPLIT=d_split,
+                                ROWS_AT_ONCE=rows_at_once, BLOCK_R=next_pow2(rows_per_tile)))
 
 
 def ring_write_plan(num_rows: int, head_dim: int, device, launch_options=None,
               cores: Optional[int] = None) -> LaunchPlan:
     """Launch 2 of the cache update (§5.4): tiles of ``BLOCK_T`` token rows x all channels."""
-    backend = backend_of(device)
+    return _cached_plan(_ring_write, ("ring_write",), (int(num_rows), int(head_dim)), device, launch_options, cores)
+
+
+def _ring_write(backend, cores, options, explicit, num_rows, head_dim):
     block_t = _row_block("ring_write", "BLOCK_T", num_rows, backend)
-    return _make("ring_write", cdiv(num_rows, block_t), backend, device,
-                 dict(BLOCK_T=block_t, BLOCK_D=next_pow2(head_dim)), launch_options, cores)
+    return _make("ring_write", cdiv(num_rows, block_t), backend, cores, options, explicit,
+                 dict(BLOCK_T=block_t, BLOCK_D=next_pow2(head_dim)))
 
 
 def _pool_block(tune: dict, max_pool_seq_len: int) -> int:
@@ -285,13 +359,17 @@ def score_decode_plan(num_requests: int, max_pool_seq_len: int, num_heads: int, 
     the outer loop and the key tiles stream through the inner one, which the compiler software-
     pipelines (H200, docs/kernels.md: decode 64 x 64k 96 us this way against 108 us key tile
     outer; MTP=3 265 us key tile outer against 334 us)."""
-    backend = backend_of(device)
+    return _cached_plan(_score_decode, ("score_decode",), (int(num_requests), int(max_pool_seq_len), int(num_heads),
+                                                           int(head_dim), int(num_rows)), device, launch_options, cores)
+
+
+def _score_decode(backend, cores, options, explicit, num_requests, max_pool_seq_len, num_heads, head_dim, num_rows):
     block_n = _pool_block(TUNING["score_decode"][backend], max_pool_seq_len)
     tiles = num_requests * cdiv(max_pool_seq_len, block_n)        # at most one pool block per tile
-    return _make("score_decode", tiles, backend, device,
+    return _make("score_decode", tiles, backend, cores, options, explicit,
                  dict(BLOCK_N=block_n, HP=max(MIN_DOT, next_pow2(num_heads)),
                       DP=max(MIN_DOT, next_pow2(head_dim)), DECODE_ROWS=DECODE_ROWS,
-                      DOT_F32=backend == "cpu", KEY_TILE_OUTER=num_rows > num_requests), launch_options, cores)
+                      DOT_F32=backend == "cpu", KEY_TILE_OUTER=num_rows > num_requests))
 
 
 def decode_segments(decode: LaunchPlan, num_requests: int, max_pool_seq_len: int) -> int:
@@ -311,47 +389,61 @@ def score_prefill_plan(num_rows: int, num_requests: int, total_rows: int, max_po
     chunk's blocks (found on the device); ``tiles`` is their host-side upper bound,
     ``(cdiv(num_rows, BLOCK_M) + R) * cdiv(max_pool_seq_len, BLOCK_N)``. ``BLOCK_M`` depends on
     ``total_rows`` (``T``), never on the chunk, so every chunk uses the same blocks."""
-    backend = backend_of(device)
+    return _cached_plan(_score_prefill, ("score_prefill",), (int(num_rows), int(num_requests), int(total_rows),
+                                                             int(max_pool_seq_len), int(head_dim)),
+                        device, launch_options, cores)
+
+
+def _score_prefill(backend, cores, options, explicit, num_rows, num_requests, total_rows, max_pool_seq_len, head_dim):
     tune = TUNING["score_prefill"][backend]
     block_m = tune["BLOCK_M"]
     if backend == "cpu":
         block_m = max(MIN_DOT, min(block_m, next_pow2(total_rows)))
     block_n = _pool_block(tune, max_pool_seq_len)
     tiles = (cdiv(num_rows, block_m) + num_requests) * cdiv(max_pool_seq_len, block_n)
-    return _make("score_prefill", tiles, backend, device,
+    return _make("score_prefill", tiles, backend, cores, options, explicit,
                  dict(BLOCK_M=block_m, BLOCK_N=block_n, DP=max(MIN_DOT, next_pow2(head_dim)),
-                      DECODE_ROWS=DECODE_ROWS, DOT_F32=backend == "cpu"), launch_options, cores)
+                      DECODE_ROWS=DECODE_ROWS, DOT_F32=backend == "cpu"))
 
 
 def prefill_blocks_plan(prefill: LaunchPlan, device, launch_options=None) -> LaunchPlan:
     """The one-program launch that finds the prefill kernel's row blocks on the device (prefix
     sums over the requests, ``BLOCK_R`` at a time) for the ``prefill`` plan's ``BLOCK_M``. It
     takes the backend's launch options without the prefill kernel's warps and stages."""
-    backend = backend_of(device)
-    plan = _make("prefill_blocks", 1, backend, device,
-                 dict(BLOCK_M=prefill.constexprs["BLOCK_M"], DECODE_ROWS=DECODE_ROWS,
-                      BLOCK_R=TUNING["prefill_blocks"][backend]["BLOCK_R"]), launch_options)
-    return replace(plan, options={k: v for k, v in plan.options.items() if k not in ("num_warps", "num_stages")})
+    return _cached_plan(_prefill_blocks, ("prefill_blocks",), (int(prefill.constexprs["BLOCK_M"]),), device,
+                        launch_options, None)
+
+
+def _prefill_blocks(backend, cores, options, explicit, block_m):
+    options = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
+    return _make("prefill_blocks", 1, backend, cores, options, True,
+                 dict(BLOCK_M=block_m, DECODE_ROWS=DECODE_ROWS, BLOCK_R=TUNING["prefill_blocks"][backend]["BLOCK_R"]))
 
 
 def merge_heads_plan(num_rows: int, head_dim: int, device, launch_options=None,
                      cores: Optional[int] = None) -> LaunchPlan:
     """Score mode (M)'s head merge (kpool-algorithm.md §4.2 (M)): tiles of ``BLOCK_ROWS`` rows,
     channels padded to ``DP``."""
-    backend = backend_of(device)
+    return _cached_plan(_merge_heads, ("merge_heads",), (int(num_rows), int(head_dim)), device, launch_options, cores)
+
+
+def _merge_heads(backend, cores, options, explicit, num_rows, head_dim):
     block_rows = _row_block("merge_heads", "BLOCK_ROWS", num_rows, backend)
-    return _make("merge_heads", cdiv(num_rows, block_rows), backend, device,
-                 dict(BLOCK_ROWS=block_rows, DP=next_pow2(head_dim)), launch_options, cores)
+    return _make("merge_heads", cdiv(num_rows, block_rows), backend, cores, options, explicit,
+                 dict(BLOCK_ROWS=block_rows, DP=next_pow2(head_dim)))
 
 
 def expand_plan(num_rows: int, width: int, device, launch_options=None,
               cores: Optional[int] = None) -> LaunchPlan:
     """Index expansion (§4.5): tiles of ``BLOCK_ROWS`` rows x ``BLOCK_COLS`` output columns."""
-    backend = backend_of(device)
+    return _cached_plan(_expand, ("expand",), (int(num_rows), int(width)), device, launch_options, cores)
+
+
+def _expand(backend, cores, options, explicit, num_rows, width):
     tune = TUNING["expand"][backend]
     tiles = cdiv(num_rows, tune["BLOCK_ROWS"]) * cdiv(width, tune["BLOCK_COLS"])
-    return _make("expand", tiles, backend, device,
-                 dict(BLOCK_ROWS=tune["BLOCK_ROWS"], BLOCK_COLS=tune["BLOCK_COLS"]), launch_options, cores)
+    return _make("expand", tiles, backend, cores, options, explicit,
+                 dict(BLOCK_ROWS=tune["BLOCK_ROWS"], BLOCK_COLS=tune["BLOCK_COLS"]))
 
 
 def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=None,
@@ -364,7 +456,11 @@ def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=
     compiled backends use ``T`` fixed and ``NT`` in ``{NT_MIN, NT_MAX}``, so two shapes cover
     every width; the interpreter shrinks both to the row). ``topk_order``: tiles of (row,
     ``CHUNK`` selected keys) ranked against all ``KP >= selected`` keys of the row."""
-    backend = backend_of(device)
+    return _cached_plan(_topk, ("topk_select", "topk_order"), (int(num_rows), int(width), int(selected)), device,
+                        launch_options, cores)
+
+
+def _topk(backend, cores, options, explicit, num_rows, width, selected):
     sel, order = TUNING["topk_select"][backend], TUNING["topk_order"][backend]
     if backend == "cpu":
         t = max(MIN_DOT, min(128, next_pow2(cdiv(max(width, 1), MIN_DOT))))
@@ -377,14 +473,12 @@ def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=
     if nt > sel["NT_MAX"] or nt * t < width or kp is None or selected < 1:
         return None
     chunk = max(1, min(kp, order["lanes"] // kp))
-    first = _make("topk_select", num_rows, backend, device,
-                  dict(NT=nt, T=t),
-                  launch_options, cores)
     # cuda: a warp per 1024 resident keys, 4..16 (H200, 64 x 16384: 16 warps 39 us, 32 warps 44)
-    if launch_options is None and backend == "cuda":
-        first = replace(first, options=dict(first.options, num_warps=max(4, min(16, nt * t // 1024))))
-    second = _make("topk_order", num_rows * cdiv(selected, chunk), backend, device, dict(KP=kp, CHUNK=chunk),
-                   launch_options, cores)
+    warps = dict(num_warps=max(4, min(16, nt * t // 1024))) if backend == "cuda" else {}
+    first = _make("topk_select", num_rows, backend, cores, options, explicit,
+                  dict(NT=nt, T=t), **warps)
+    second = _make("topk_order", num_rows * cdiv(selected, chunk), backend, cores, options, explicit,
+                   dict(KP=kp, CHUNK=chunk))
     return first, second
 
 

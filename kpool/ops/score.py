@@ -438,9 +438,11 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
     (kpool-algorithm.md §4.1-§4.4; see the module docstring for the math and the key layout).
 
     Only live rows (``t < cum_query_lens[R - 1]``, read on the device) are written; rows of
-    decode-sized requests by the decode kernel, the others by the prefill kernel (two launches,
-    each skipping the other's rows). q, weights, the cache and the block table are read through
-    their strides; positions, cum_query_lens and seq_lens are made contiguous first.
+    decode-sized requests by the decode kernel, the others by the prefill kernel (each skipping
+    the other's rows; the prefill kernel and its row-block helper are launched only when ``T >
+    DECODE_ROWS``, since no request of a smaller batch can be longer: two launches fewer for a
+    small decode batch, decided from the host int ``T``). q, weights, the cache and the block table
+    are read through their strides; positions, cum_query_lens and seq_lens are made contiguous first.
 
     Args:
         q: bf16 ``[T, H, D]`` queries (any strides).
@@ -486,7 +488,6 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
     w_arg = weights.view(torch.int16) if w_bf16 else weights
     span = 1 + sum((s - 1) * st for s, st in zip(compressed_cache.shape, compressed_cache.stride()))
     decode = launch_plan.score_decode_plan(R, max_pool_seq_len, H, D, q.device, launch_options, num_rows=num_rows)
-    prefill = launch_plan.score_prefill_plan(num_rows, R, T, max_pool_seq_len, D, q.device, launch_options)
     # The interpreter gets int16 views (its dots run in fp32 from the bits); compiled backends
     # the bf16 tensors themselves (tensor-core operands straight from memory).
     as_bits = decode.constexprs["DOT_F32"]
@@ -503,6 +504,9 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
             keys, keys.stride(0), row_start, num_rows, max_pool_seq_len, qbar, qbar.stride(0), nonfinite)
     _score_decode_kernel[(decode.grid,)](*args, launch_plan.decode_segments(decode, R, max_pool_seq_len), **common,
                                          **decode.constexprs, **decode.options)
+    if T <= decode.constexprs["DECODE_ROWS"]:   # every request has <= T_live <= T rows: none is the prefill's
+        return result
+    prefill = launch_plan.score_prefill_plan(num_rows, R, T, max_pool_seq_len, D, q.device, launch_options)
     steps = R.bit_length()
     block_ends = torch.empty(R + 2, dtype=torch.int32, device=q.device)
     blocks = launch_plan.prefill_blocks_plan(prefill, q.device, launch_options)
