@@ -507,6 +507,22 @@ def test_nonfinite_inputs_bitwise():
     assert int(got[1]) == 0x7FC0                       # inf gate -> inf - inf -> NaN pool
 
 
+@pytest.mark.parametrize("P", [4, 16])
+def test_signed_zero_pools_bitwise(P):
+    """A pool whose every K row is -0.0 compresses to -0.0 (bf16 0x8000), one with +0.0 and -0.0
+    rows to +0.0, as the oracle's sums that start at their first term (the kernel's sums start
+    at -0.0, the identity of fp32 addition; P = 16 walks its slots in unrolled groups of 4)."""
+    sim = Sim(P=P, C=P + 1, lengths=[3 * P], seed=31)
+    sim.K[0][0:P] = -0.0
+    sim.K[0][P:2 * P] = -0.0
+    sim.K[0][P + 1, :] = 0.0
+    sim.step([(0, 3 * P)])
+    got = sim.caches.compressed_cache[sim.tables[0][0], 0, 0].cpu().view(I16)
+    assert (got == torch.tensor(0x8000, dtype=torch.int32).to(I16)).all(), got        # -0.0 everywhere
+    second = sim.caches.compressed_cache[sim.tables[0][1 // sim.B], 1 % sim.B, 0].cpu().view(I16)
+    assert (second == 0).all(), second                                                 # +0.0
+
+
 class _NoLaunch:
     def __getitem__(self, grid):
         raise AssertionError("a kernel was launched for an empty batch")

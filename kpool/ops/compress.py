@@ -44,6 +44,13 @@ INT32_MAX_C = tl.constexpr(INT32_MAX)
 
 
 @triton.jit
+def _negative_zeros_like(x):
+    """fp32 ``-0.0`` in the shape of ``x``, from its bits (``-tl.zeros_like`` is ``0 - 0.0 = +0.0``):
+    the identity of fp32 addition, ``-0.0 + y == y`` bit for bit for every ``y``."""
+    return (tl.zeros_like(x).to(tl.int32, bitcast=True) | (-2147483647 - 1)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _window_tile(in_ptr, stride_in_t, stride_in_d, tail_ptr, plane_off, w, qs_pos, in_shift, t_live,
                  ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask):
     """fp32 ``[BLOCK_J, BLOCK_D]`` tile of window position ``w`` (one per lane): from the inputs
@@ -88,6 +95,7 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
     """Compress channels ``[d_first, d_end)`` of the pool completed by each of ``rows`` (int32
     ``[BLOCK_J]``) that completes one; other lanes are masked (§5.1: a live row at position ``p`` with ``(p + 1) % P == 0`` and a
     compressed slot in range)."""
+    SLOTS: tl.constexpr = 4 if P > 4 and P % 4 == 0 else P      # slots of an unrolled group (passes 2, 3)
     live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)
     t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
     pos = tl.load(positions_ptr + rows * stride_positions_t, mask=live, other=-1)
@@ -122,34 +130,42 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
         m = _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d, tail_ptr,
                          stride_tail_plane, w0, 0, qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity,
                          stride_tail_c, stride_tail_d, valid, dims, dmask)
-        for j in tl.static_range(1, P):
+        for jj in tl.static_range(1, SLOTS):
             m = tl.maximum(m, _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
-                                           stride_ape_d, tail_ptr, stride_tail_plane, w0, j, qs_pos, in_shift,
+                                           stride_ape_d, tail_ptr, stride_tail_plane, w0, jj, qs_pos, in_shift,
                                            t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
                                            stride_tail_d, valid, dims, dmask))
+        for g in range(SLOTS, P, SLOTS):          # P > 4: the other groups, each unrolled
+            for jj in tl.static_range(SLOTS):
+                m = tl.maximum(m, _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                               stride_ape_d, tail_ptr, stride_tail_plane, w0, g + jj, qs_pos,
+                                               in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
+                                               stride_tail_d, valid, dims, dmask))
         # Pass 2: Z = left-to-right sum of e_j = exp(s_j - m). s_j is recomputed (same bits,
-        # from L1) instead of kept in P live tiles, to bound registers for large P.
-        z = tl.zeros_like(m)
-        for j in tl.static_range(P):
-            e = exp_fp32(_slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d,
-                                      tail_ptr, stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base,
-                                      ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask) - m)
-            if j == 0:
-                z = e
-            else:
-                z = z + e
+        # from L1) instead of kept in P live tiles, to bound registers for large P. Every pass
+        # walks the slots in unrolled groups of SLOTS (all P at once up to 4: one group, the loop
+        # folds away); unrolled whole, P = 16 compiled for 24-37 s to 255 registers and a 6 KiB
+        # spill. The sums start at -0.0, the identity of fp32 addition (-0.0 + x == x bit for bit
+        # for every x, +-0.0 and NaN included): the same bits as a sum that starts at its first term.
+        z = _negative_zeros_like(m)
+        for g in range(0, P, SLOTS):
+            for jj in tl.static_range(SLOTS):
+                z = z + exp_fp32(_slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                              stride_ape_d, tail_ptr, stride_tail_plane, w0, g + jj, qs_pos,
+                                              in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
+                                              stride_tail_d, valid, dims, dmask) - m)
         # Pass 3: out = sum_j div_rn(e_j, Z) * K_j, each product rounded before its add.
-        out = tl.zeros_like(m)
-        for j in tl.static_range(P):
-            e = exp_fp32(_slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d,
-                                      tail_ptr, stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base,
-                                      ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask) - m)
-            kv = _window_tile(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0 + j, qs_pos, in_shift, t_live,
-                              ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask)
-            term = tl.math.div_rn(e, z) * kv
-            if j == 0:
-                out = term
-            else:
+        out = _negative_zeros_like(m)
+        for g in range(0, P, SLOTS):
+            for jj in tl.static_range(SLOTS):
+                e = exp_fp32(_slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                          stride_ape_d, tail_ptr, stride_tail_plane, w0, g + jj, qs_pos, in_shift,
+                                          t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
+                                          valid, dims, dmask) - m)
+                kv = _window_tile(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0 + g + jj, qs_pos, in_shift,
+                                  t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid,
+                                  dims, dmask)
+                term = tl.math.div_rn(e, z) * kv
                 out = out + term
         tl.store(cache_ptr + dst[:, None] + dims[None, :] * stride_cache_d, bf16_rne_int16(out),
                  mask=valid[:, None] & dmask[None, :])

@@ -14,13 +14,16 @@ KERNEL_FAULTS = {
     # the window starts one position early: pool j compresses positions jP-1 .. jP+P-2
     "window-shifted": ("ops/compress.py", "w0 = p - (P - 1)", "w0 = p - P", "cache-mismatch"),
     # k read from the gate plane of the ring (planes swapped for the keys), §3.3
-    "ring-read-k-from-gate-plane": ("ops/compress.py", "tail_ptr, 0, w0 + j, qs_pos",
-                                    "tail_ptr, stride_tail_plane, w0 + j, qs_pos", "cache-mismatch"),
+    "ring-read-k-from-gate-plane": ("ops/compress.py", "tail_ptr, 0, w0 + g + jj, qs_pos",
+                                    "tail_ptr, stride_tail_plane, w0 + g + jj, qs_pos", "cache-mismatch"),
     # ---- softmax order (§5.3 steps 2-5) -------------------------------------------------------
     # the normalizer Z leaves out slot 0 (a running max that skips a slot changes the fp32 result
     # by a few ulps on close logits; faults.families "softmax-max-skips-slot" needs far-apart ones)
-    "softmax-normalizer-skips-slot": ("ops/compress.py", "                z = e\n",
-                                      "                z = tl.zeros_like(e)\n", "cache-mismatch"),
+    "softmax-normalizer-skips-slot": ("ops/compress.py",
+                                      "z = _negative_zeros_like(m)\n        for g in range(0, P, SLOTS):\n"
+                                      "            for jj in tl.static_range(SLOTS):",
+                                      "z = _negative_zeros_like(m)\n        for g in range(0, P, SLOTS):\n"
+                                      "            for jj in tl.static_range(1, SLOTS):", "cache-mismatch"),
     # ---- bf16 rounding (§5.3 step 6) ---------------------------------------------------------
     "bf16-truncate": ("ops/_portable.py", "rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536",
                       "rounded = bits & -65536", "cache-mismatch"),
