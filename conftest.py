@@ -72,3 +72,34 @@ def warm_kernels(device):
     done = warm(device)
     assert done.ok, [res.failures for _, res in done.failed]
     return done
+
+
+# ---- test bodies on a shallow stack -----------------------------------------------------------
+# CPython 3.11 keeps the frames' data in 16 KiB chunks and frees a chunk (munmap) as soon as its
+# first frame returns. Under pytest (and more under an xdist worker) a test body starts some 60-90
+# frames deep, which can put a hot call of the Triton interpreter exactly on a chunk boundary: every
+# call then maps and unmaps a chunk (strace: 1,684,000 16 KiB munmaps in
+# tests/test_engine.py::test_undersized_ring_found_only_by_the_oracle, 71 s, against 5,000 and 39 s
+# when the same body runs in a fresh thread). So every test function runs in a fresh thread that
+# starts with an empty frame stack; fixtures stay on the main thread and the test's exception (or
+# pytest.skip / xfail / exit) is re-raised there unchanged.
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    import threading
+    from _pytest.python import pytest_pyfunc_call as call_test
+
+    raised = []
+
+    def body():
+        try:
+            call_test(pyfuncitem)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread below
+            raised.append(exc)
+
+    thread = threading.Thread(target=body, name=f"test:{pyfuncitem.name}", daemon=True)
+    thread.start()
+    thread.join()
+    if raised:
+        raise raised[0]
+    return True
