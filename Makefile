@@ -73,7 +73,7 @@ help:
 	@echo "                make test-integration run one tier"
 	@echo "make bench    - benchmarks"
 	@echo "make test-ascend-interp - interpreter_ok tests + small parity run on triton-ascend"
-	@echo "                under TRITON_INTERPRET=1 (CPU), JOBS=$(JOBS) workers; fails if no test is marked interpreter_ok"
+	@echo "                under TRITON_INTERPRET=1 (CPU); fails if no test is marked interpreter_ok"
 	@echo "make bootstrap / ascend-interp-env - only build the environment"
 	@echo "make clean    - remove .venv, .venv-ascend, caches, reports"
 
@@ -128,9 +128,9 @@ test-ascend-interp: export KPOOL_DEVICE = cpu
 test-ascend-interp:
 	@PY_ASCEND="$$($(BOOTSTRAP) ascend)"; \
 	$(RUN_PYTEST) "$$PY_ASCEND" $(PYTEST_ARGS) tests -m interpreter_ok; \
-	echo "[make] $$PY_ASCEND -m parity run --device cpu --suite seed --size small --failures-only --jobs $(JOBS)" >&2; \
-	"$$PY_ASCEND" -m parity run --device cpu --suite seed --size small --failures-only --jobs $(JOBS)
+	echo "[make] $$PY_ASCEND -m parity run --device cpu --suite seed --size small --failures-only" >&2; \
+	"$$PY_ASCEND" -m parity run --device cpu --suite seed --size small --failures-only
 
 clean:
-	rm -rf .venv .venv-ascend .bootstrap-*.lock .pytest_cache .hypothesis reports bundles parity-out build *.egg-info
+	rm -rf .venv .venv-ascend .pytest_cache .hypothesis reports bundles parity-out build *.egg-info
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

@@ -54,13 +54,9 @@ case "$MODE" in
     *) die "unknown mode '$MODE' (expected: main | ascend)" ;;
 esac
 
-# Serialise concurrent bootstraps of one environment (e.g. `make -j parity test`). main and ascend
-# build different venvs and may run at the same time (.ci/run builds .venv-ascend in the background
-# while make test runs); the one step they share, `pip install -e .` into this checkout, takes a
-# second lock, held only around it.
-have_flock=0
-if command -v flock >/dev/null 2>&1 && { exec 9>>"$ROOT/.bootstrap-$MODE.lock"; } 2>/dev/null; then
-    have_flock=1
+# Serialise concurrent bootstraps (e.g. `make -j parity test`).
+if command -v flock >/dev/null 2>&1; then
+    exec 9<"${BASH_SOURCE[0]}"
     flock 9
 fi
 
@@ -173,11 +169,9 @@ log "pip install ${find_links[*]} ${PKGS[*]}"
 "$VENV/bin/python" -m pip install -q --progress-bar off "${find_links[@]}" "${PKGS[@]}"
 
 log "pip install -e . --no-deps"
-if [ "$have_flock" = 1 ]; then exec 8<"${BASH_SOURCE[0]}"; flock 8; fi
 if ! "$VENV/bin/python" -m pip install -q --progress-bar off -e "$ROOT" --no-deps; then
     log "WARNING: editable install failed; the harness still runs from the repo root"
 fi
-if [ "$have_flock" = 1 ]; then exec 8<&-; fi
 
 # Sanity check: the stack imports, and in the ascend env `triton` is triton-ascend.
 "$VENV/bin/python" - "$MODE" <<'EOF'
