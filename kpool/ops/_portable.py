@@ -37,6 +37,9 @@ KEY_LOWEST = -2139095040
 """``score_key_hi(LOWEST)``: the image of ``float32.min`` (bits 0xFF7FFFFF, magnitude bits 0x7F7FFFFF
 flipped); a selected key whose high word is not above it is an invalid slot (-1 columns)."""
 KEY_LOWEST_C = tl.constexpr(KEY_LOWEST)
+INT32_MIN = -2 ** 31
+"""The int32 sign bit alone: the smallest int32, and the bits of fp32 ``-0.0``."""
+INT32_MIN_C = tl.constexpr(INT32_MIN)
 
 
 # exp_fp32 constants: the same Python doubles as reference/numerics.py, each rounded to fp32

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ..config import INT32_MAX
 from . import plan as launch_plan
-from ._portable import bf16_rne_int16, exp_fp32, live_rows, request_of_rows
+from ._portable import INT32_MIN_C, bf16_rne_int16, exp_fp32, live_rows, request_of_rows
 
 INT32_MAX_C = tl.constexpr(INT32_MAX)
 # Runtime sizes and outer strides are listed in ``do_not_specialize``: Triton would otherwise
@@ -47,7 +47,7 @@ INT32_MAX_C = tl.constexpr(INT32_MAX)
 def _negative_zeros_like(x):
     """fp32 ``-0.0`` in the shape of ``x``, from its bits (``-tl.zeros_like`` is ``0 - 0.0 = +0.0``):
     the identity of fp32 addition, ``-0.0 + y == y`` bit for bit for every ``y``."""
-    return (tl.zeros_like(x).to(tl.int32, bitcast=True) | (-2147483647 - 1)).to(tl.float32, bitcast=True)
+    return (tl.zeros_like(x).to(tl.int32, bitcast=True) | INT32_MIN_C).to(tl.float32, bitcast=True)
 
 
 @triton.jit

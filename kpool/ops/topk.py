@@ -39,10 +39,7 @@ import triton.language as tl
 
 from ..errors import KPoolDtypeError, KPoolShapeError
 from . import plan as launch_plan
-from ._portable import FLT_MAX, KEY_LOWEST, LOWEST, int32_of
-
-_INT32_MIN = -2 ** 31
-_INT32_MIN_C = tl.constexpr(_INT32_MIN)
+from ._portable import FLT_MAX, INT32_MIN, INT32_MIN_C, KEY_LOWEST, LOWEST, int32_of
 
 
 @triton.jit
@@ -69,11 +66,11 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
         keys_row = keys_ptr + tl.cast(i, tl.int64) * stride_keys_t
         image_row = image_ptr + tl.cast(i, tl.int64) * (2 * stride_keys_t) + 1
         # The row's images stay in registers for the counting passes (read once).
-        image = tl.load(image_row + 2 * col, mask=col < width, other=_INT32_MIN_C)
+        image = tl.load(image_row + 2 * col, mask=col < width, other=INT32_MIN_C)
         # v = the largest int32 with #(image >= v) >= selected, bit by bit from the sign bit;
         # at_v = #(image >= v).
         at_v = _count(image >= 0)
-        v = tl.where(at_v >= selected, 0, _INT32_MIN_C)
+        v = tl.where(at_v >= selected, 0, INT32_MIN_C)
         at_v = tl.where(at_v >= selected, at_v, width)
         for b in range(0, 31):
             # once exactly `selected` images reach v, v separates them from the rest: the lower
@@ -92,9 +89,9 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
             need = selected - _count(image > v)
             tie = (image == v) & (col < width)
             # INT32_MIN off the ties: never counted, since every candidate is above it
-            low = tl.where(tie, tl.load(image_row - 1 + 2 * col, mask=tie, other=0) ^ _INT32_MIN_C, _INT32_MIN_C)
+            low = tl.where(tie, tl.load(image_row - 1 + 2 * col, mask=tie, other=0) ^ INT32_MIN_C, INT32_MIN_C)
             at_u = _count(low >= 0)
-            u = tl.where(at_u >= need, 0, _INT32_MIN_C)
+            u = tl.where(at_u >= need, 0, INT32_MIN_C)
             at_u = tl.where(at_u >= need, at_u, NT * T)
             for b in range(0, 31):
                 if at_u != need:     # as above: u already separates the kept ties
@@ -223,5 +220,5 @@ def key_valid(keys: torch.Tensor) -> torch.Tensor:
 def key_scores(keys: torch.Tensor) -> torch.Tensor:
     """fp32 sanitized scores of int64 keys (the inverse of the image; ``-0.0`` never occurs)."""
     image = (keys >> 32).to(torch.int32)
-    bits = torch.where(image < 0, (-1 - image) | _INT32_MIN, image)
+    bits = torch.where(image < 0, (-1 - image) | INT32_MIN, image)
     return bits.contiguous().view(torch.float32)
