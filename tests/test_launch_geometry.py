@@ -176,12 +176,15 @@ def test_compress_programs_per_shape_on_the_h200():
     keeps the throughput tile (docs/kernels.md "Compression without latency")."""
     def programs(rows):
         p = plan.compress_plan(rows, 128, 4, "cuda", cores=132)
-        return p.grid, p.iters, p.constexprs["ROWS_AT_ONCE"]
-    assert programs(64) == (32, 1, True)                     # decode 64 rows: 16 row tiles x 2 chunks
-    assert programs(1) == (2, 1, True)                       # batch 1
+        return p.grid, p.iters, p.constexprs["ROWS_AT_ONCE"], p.constexprs["D_SPLIT"]
+    assert programs(64) == (64, 1, True, 32)                 # decode 64 rows: 16 pools x 4 channel chunks
+    assert programs(1) == (4, 1, True, 32)                   # batch 1
     edge = plan.TUNING["compress"]["cuda"]["latency_rows"]
-    assert programs(edge) == (min(528, edge // 2), plan.cdiv(edge // 2, 528), True)
-    assert programs(65536) == (528, 2, False)                # 64k prefill: 1024 tiles of 64 rows x D
+    assert programs(edge) == (edge, 1, True, 32)             # 256 pools x 4 chunks, one pass each
+    # a mixed step's 4159 rows: 130 tiles of 8 pools would leave most of the 1584 programs idle,
+    # so the channels split too (520 tiles); a 64k prefill has 2048 whole-row tiles
+    assert programs(4159) == (520, 1, False, 32)
+    assert programs(65536) == (1584, 2, False, 128)
 
 
 def test_vector_view_divides_offsets_and_strides_by_the_common_alignment():
@@ -260,7 +263,8 @@ def test_cuda_grids_are_sm_count_times_programs_per_sm_and_options_are_cuda(hw):
                          ("_expand_kernel", "expand"), ("_compress_kernel", "compress"),
                          ("_ring_write_kernel", "ring_write")):
         grid, _, kw = _only(kernels, name)
-        per_sm = plan.TUNING[kernel]["cuda"]["per_core"]
+        # _score's batch has more rows than requests: the decode launch is key tile outer
+        per_sm = plan.TUNING[kernel]["cuda"]["per_core_key_tile_outer" if kernel == "score_decode" else "per_core"]
         assert grid[0] <= per_sm, (name, grid)
         _assert_options(kw, "cuda", kernel=kernel)
     assert _only(kernels, "_compress_kernel")[0] == (plan.TUNING["compress"]["cuda"]["per_core"],)
@@ -278,7 +282,7 @@ def test_launchers_launch_exactly_their_plan(hw):
     want = plan.compress_plan(777, 16, P, "cuda")
     assert grid == (want.grid,) and {k: kw[k] for k in want.constexprs} == dict(want.constexprs)
     grid, _, kw = _only(kernels, "_ring_write_kernel")
-    want = plan.ring_write_plan(777, 16, "cuda")
+    want = plan.ring_write_plan(1, 7, 16, "cuda")
     assert grid == (want.grid,) and {k: kw[k] for k in want.constexprs} == dict(want.constexprs)
     grid, _, kw = _only(kernels, "_expand_kernel")
     want = plan.expand_plan(50, K_TOK + P - 1, "cuda")

@@ -79,19 +79,25 @@ def test_only_intended_arguments_are_specialized(name):
 def test_compiled_tiles_ignore_the_batch(backend, head_dim):
     """On compiled backends every constexpr of every plan depends on the configuration only
     (P, D, H), never on the rows, requests or pool counts of a batch: one compile per
-    configuration. The compression has two fixed variants, picked by ``T`` alone: the latency
-    tile up to ``latency_rows`` rows, the throughput tile above."""
+    configuration. The compression has at most three fixed variants, picked by ``T`` alone: the
+    latency tile up to ``latency_rows`` rows, the throughput tile above, its channels split
+    (``D_SPLIT = BLOCK_D``) while it has fewer tiles than programs."""
     def constexprs(make, sizes=(1, 7, 299, 4096)):
         return {tuple(sorted(make(n).constexprs.items())) for n in sizes}
     edge = plan.TUNING["compress"][backend]["latency_rows"]
     compress = lambda n: plan.compress_plan(n, head_dim, 4, backend, cores=8)  # noqa: E731
     (latency,) = constexprs(compress, (1, 7, edge // 2, edge))
-    (throughput,) = constexprs(compress, (edge + 1, 4096, 10 ** 5))
+    throughputs = [dict(c) for c in constexprs(compress, (edge + 1, 4096, 10 ** 5, 10 ** 6, 10 ** 7))]
+    assert len(throughputs) <= 2
+    assert len({tuple(sorted((k, v) for k, v in c.items() if k != "D_SPLIT")) for c in throughputs}) == 1
+    split = [c for c in throughputs if c["D_SPLIT"] == c["BLOCK_D"]]
+    assert split and (len(throughputs) == 1 or split[0] == dict(compress(edge + 1).constexprs))
+    throughput = max(throughputs, key=lambda c: c["D_SPLIT"])
     latency = dict(latency)
     assert latency["ROWS_AT_ONCE"] and latency["BLOCK_J"] == 1 and latency["D_SPLIT"] == latency["BLOCK_D"]
     assert latency["BLOCK_R"] * latency["BLOCK_D"] <= plan.TUNING["compress"][backend]["window"]
     assert not dict(throughput)["ROWS_AT_ONCE"]
-    assert len(constexprs(lambda n: plan.ring_write_plan(n, head_dim, backend, cores=8))) == 1
+    assert len(constexprs(lambda n: plan.ring_write_plan(n, 7, head_dim, backend, cores=8))) == 1
     assert len(constexprs(lambda n: plan.score_decode_plan(n, n + 5, 32, head_dim, backend, cores=8))) == 1
     assert len(constexprs(lambda n: plan.score_prefill_plan(n, n, 3 * n, n + 5, head_dim, backend, cores=8))) == 1
     assert len(constexprs(lambda n: plan.expand_plan(n, 2051, backend, cores=8))) == 1

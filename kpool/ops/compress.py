@@ -9,7 +9,8 @@ Two ordered launches (§5.4 "launch 2 runs strictly after launch 1"):
    stays bitwise equal to the reference on every backend: software ``exp_fp32``,
    ``tl.math.div_rn``, no FMA (``enable_fp_fusion=False``), RNE on the int32 bits.
 2. :func:`_ring_write_kernel` — the last ``C`` live rows of every request copy their raw
-   K and gate bit-exactly into the request's ring (§5.4).
+   K and gate bit-exactly into the request's ring (§5.4); its tiles walk each request's last
+   ``C`` rows only.
 
 Tiling (``kpool.ops.plan.compress_plan``): a tile is ``BLOCK_J * P`` consecutive token rows x
 ``D_SPLIT`` channels (in chunks of ``BLOCK_D``).
@@ -70,17 +71,114 @@ def _window_tile(in_ptr, stride_in_t, stride_in_d, tail_ptr, plane_off, w, qs_po
 
 
 @triton.jit
-def _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d, tail_ptr,
-                 stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity,
-                 stride_tail_c, stride_tail_d, valid, dims, dmask):
-    """fp32 ``[BLOCK_J, BLOCK_D]`` logits ``s_j = gate_j + ape_j`` of window slot ``j`` (one add,
-    §5.3 step 1): the gate at window position ``w0 + j`` (:func:`_window_tile`, gate plane of the
-    ring) plus APE row ``j``. Each pass of :func:`_compress_rows` recomputes them (same bits)."""
-    g = _window_tile(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0 + j, qs_pos,
-                     in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
-                     valid, dims, dmask)
-    a = tl.load(ape_ptr + j * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)
-    return g + a[None, :]
+def _window_group(in_ptr, stride_in_t, stride_in_d, tail_ptr, plane_off, w, qs_pos, in_shift, t_live,
+                  ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask,
+                  SLOTS: tl.constexpr):
+    """:func:`_window_tile` of window positions ``w .. w + SLOTS - 1`` (``SLOTS <= 4``), returned
+    as four tiles; those past ``SLOTS`` repeat the first (never used). All loads are issued
+    together: one memory round trip per group."""
+    x0 = _window_tile(in_ptr, stride_in_t, stride_in_d, tail_ptr, plane_off, w, qs_pos, in_shift, t_live,
+                      ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask)
+    x1 = x0
+    x2 = x0
+    x3 = x0
+    if SLOTS > 1:
+        x1 = _window_tile(in_ptr, stride_in_t, stride_in_d, tail_ptr, plane_off, w + 1, qs_pos, in_shift, t_live,
+                          ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask)
+    if SLOTS > 2:
+        x2 = _window_tile(in_ptr, stride_in_t, stride_in_d, tail_ptr, plane_off, w + 2, qs_pos, in_shift, t_live,
+                          ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask)
+    if SLOTS > 3:
+        x3 = _window_tile(in_ptr, stride_in_t, stride_in_d, tail_ptr, plane_off, w + 3, qs_pos, in_shift, t_live,
+                          ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d, tail_ptr,
+                  stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity,
+                  stride_tail_c, stride_tail_d, valid, dims, dmask, SLOTS: tl.constexpr):
+    """fp32 ``[BLOCK_J, BLOCK_D]`` logits ``s_i = gate_i + ape_i`` of window slots ``j .. j + SLOTS - 1``
+    (one add each, §5.3 step 1): the gate at window position ``w0 + i`` (:func:`_window_group`,
+    gate plane of the ring) plus APE row ``i``. Four tiles, as :func:`_window_group`."""
+    g0, g1, g2, g3 = _window_group(gate_ptr, stride_gate_t, stride_gate_d, tail_ptr, stride_tail_plane, w0 + j,
+                                   qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
+                                   stride_tail_d, valid, dims, dmask, SLOTS)
+    s0 = g0 + tl.load(ape_ptr + j * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)[None, :]
+    s1 = s0
+    s2 = s0
+    s3 = s0
+    if SLOTS > 1:
+        s1 = g1 + tl.load(ape_ptr + (j + 1) * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)[None, :]
+    if SLOTS > 2:
+        s2 = g2 + tl.load(ape_ptr + (j + 2) * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)[None, :]
+    if SLOTS > 3:
+        s3 = g3 + tl.load(ape_ptr + (j + 3) * stride_ape_p + dims * stride_ape_d, mask=dmask, other=0.0)[None, :]
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def _max_into(m, s0, s1, s2, s3, FIRST: tl.constexpr, SLOTS: tl.constexpr):
+    """The running max ``m`` folded with ``s_FIRST .. s_{SLOTS-1}``, in slot order (§5.3 step 2)."""
+    if FIRST <= 0:
+        m = tl.maximum(m, s0)
+    if FIRST <= 1 and SLOTS > 1:
+        m = tl.maximum(m, s1)
+    if FIRST <= 2 and SLOTS > 2:
+        m = tl.maximum(m, s2)
+    if SLOTS > 3:
+        m = tl.maximum(m, s3)
+    return m
+
+
+@triton.jit
+def _group_exps(s0, s1, s2, s3, m, SLOTS: tl.constexpr):
+    """``e_i = exp(s_i - m)`` of a group (§5.3 step 3); those past ``SLOTS`` repeat ``e_0``."""
+    e0 = exp_fp32(s0 - m)
+    e1 = e0
+    e2 = e0
+    e3 = e0
+    if SLOTS > 1:
+        e1 = exp_fp32(s1 - m)
+    if SLOTS > 2:
+        e2 = exp_fp32(s2 - m)
+    if SLOTS > 3:
+        e3 = exp_fp32(s3 - m)
+    return e0, e1, e2, e3
+
+
+@triton.jit
+def _sum_into(z, e0, e1, e2, e3, FIRST: tl.constexpr, SLOTS: tl.constexpr):
+    """``z`` plus ``e_FIRST .. e_{SLOTS-1}``, left to right (§5.3 step 4)."""
+    if FIRST <= 0:
+        z = z + e0
+    if FIRST <= 1 and SLOTS > 1:
+        z = z + e1
+    if FIRST <= 2 and SLOTS > 2:
+        z = z + e2
+    if SLOTS > 3:
+        z = z + e3
+    return z
+
+
+@triton.jit
+def _weighted(e, z, kv):
+    """One term ``div_rn(e_j, Z) * K_j`` of §5.3 step 5, the product rounded before its add."""
+    term = tl.math.div_rn(e, z) * kv
+    return term
+
+
+@triton.jit
+def _weighted_into(out, e0, e1, e2, e3, z, k0, k1, k2, k3, SLOTS: tl.constexpr):
+    """``out`` plus the group's terms :func:`_weighted`, left to right (§5.3 step 5)."""
+    out = out + _weighted(e0, z, k0)
+    if SLOTS > 1:
+        out = out + _weighted(e1, z, k1)
+    if SLOTS > 2:
+        out = out + _weighted(e2, z, k2)
+    if SLOTS > 3:
+        out = out + _weighted(e3, z, k3)
+    return out
 
 
 @triton.jit
@@ -95,7 +193,8 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
     """Compress channels ``[d_first, d_end)`` of the pool completed by each of ``rows`` (int32
     ``[BLOCK_J]``) that completes one; other lanes are masked (§5.1: a live row at position ``p`` with ``(p + 1) % P == 0`` and a
     compressed slot in range)."""
-    SLOTS: tl.constexpr = 4 if P > 4 and P % 4 == 0 else P      # slots of an unrolled group (passes 2, 3)
+    # slots of an unrolled group: all P up to 4, else the largest of 4, 3, 2, 1 that divides P
+    SLOTS: tl.constexpr = 4 if P % 4 == 0 else (3 if P % 3 == 0 else (2 if P % 2 == 0 else 1))
     live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)
     t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
     pos = tl.load(positions_ptr + rows * stride_positions_t, mask=live, other=-1)
@@ -126,47 +225,49 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
     for d0 in range(d_first, d_end, BLOCK_D):
         dims = d0 + tl.arange(0, BLOCK_D)
         dmask = dims < D
-        # Pass 1: m = sequential max of s_j = gate_j + ape_j.
-        m = _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d, tail_ptr,
-                         stride_tail_plane, w0, 0, qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity,
-                         stride_tail_c, stride_tail_d, valid, dims, dmask)
-        for jj in tl.static_range(1, SLOTS):
-            m = tl.maximum(m, _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
-                                           stride_ape_d, tail_ptr, stride_tail_plane, w0, jj, qs_pos, in_shift,
-                                           t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                                           stride_tail_d, valid, dims, dmask))
-        for g in range(SLOTS, P, SLOTS):          # P > 4: the other groups, each unrolled
-            for jj in tl.static_range(SLOTS):
-                m = tl.maximum(m, _slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
-                                               stride_ape_d, tail_ptr, stride_tail_plane, w0, g + jj, qs_pos,
-                                               in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                                               stride_tail_d, valid, dims, dmask))
-        # Pass 2: Z = left-to-right sum of e_j = exp(s_j - m). s_j is recomputed (same bits,
-        # from L1) instead of kept in P live tiles, to bound registers for large P. Every pass
-        # walks the slots in unrolled groups of SLOTS (all P at once up to 4: one group, the loop
-        # folds away); unrolled whole, P = 16 compiled for 24-37 s to 255 registers and a 6 KiB
-        # spill. The sums start at -0.0, the identity of fp32 addition (-0.0 + x == x bit for bit
-        # for every x, +-0.0 and NaN included): the same bits as a sum that starts at its first term.
-        z = _negative_zeros_like(m)
-        for g in range(0, P, SLOTS):
-            for jj in tl.static_range(SLOTS):
-                z = z + exp_fp32(_slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
-                                              stride_ape_d, tail_ptr, stride_tail_plane, w0, g + jj, qs_pos,
-                                              in_shift, t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                                              stride_tail_d, valid, dims, dmask) - m)
+        # Group 0 (every slot when P <= 4): its logits and key tiles are loaded together, once,
+        # and its exps computed once; they stay live through the three passes. Every other group
+        # of SLOTS slots is recomputed in each pass (same bits, from L1), to bound registers for
+        # large P; unrolled whole, P = 16 compiled for 24-37 s to 255 registers and a 6 KiB spill.
+        s0, s1, s2, s3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d,
+                                       tail_ptr, stride_tail_plane, w0, 0, qs_pos, in_shift, t_live, ring_base,
+                                       ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask,
+                                       SLOTS)
+        k0, k1, k2, k3 = _window_group(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0, qs_pos, in_shift, t_live,
+                                       ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid,
+                                       dims, dmask, SLOTS)
+        # Pass 1: m = sequential max of s_j = gate_j + ape_j, from m = s_0.
+        m = _max_into(s0, s0, s1, s2, s3, 1, SLOTS)
+        for g in range(SLOTS, P, SLOTS):
+            t0, t1, t2, t3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                           stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
+                                           t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
+                                           valid, dims, dmask, SLOTS)
+            m = _max_into(m, t0, t1, t2, t3, 0, SLOTS)
+        # Pass 2: Z = left-to-right sum of e_j = exp(s_j - m). The sums start at -0.0, the identity
+        # of fp32 addition (-0.0 + x == x bit for bit for every x, +-0.0 and NaN included): the
+        # same bits as a sum that starts at its first term.
+        e0, e1, e2, e3 = _group_exps(s0, s1, s2, s3, m, SLOTS)
+        z = _sum_into(_negative_zeros_like(m), e0, e1, e2, e3, 0, SLOTS)
+        for g in range(SLOTS, P, SLOTS):
+            t0, t1, t2, t3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                           stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
+                                           t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
+                                           valid, dims, dmask, SLOTS)
+            f0, f1, f2, f3 = _group_exps(t0, t1, t2, t3, m, SLOTS)
+            z = _sum_into(z, f0, f1, f2, f3, 0, SLOTS)
         # Pass 3: out = sum_j div_rn(e_j, Z) * K_j, each product rounded before its add.
-        out = _negative_zeros_like(m)
-        for g in range(0, P, SLOTS):
-            for jj in tl.static_range(SLOTS):
-                e = exp_fp32(_slot_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
-                                          stride_ape_d, tail_ptr, stride_tail_plane, w0, g + jj, qs_pos, in_shift,
-                                          t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
-                                          valid, dims, dmask) - m)
-                kv = _window_tile(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0 + g + jj, qs_pos, in_shift,
-                                  t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid,
-                                  dims, dmask)
-                term = tl.math.div_rn(e, z) * kv
-                out = out + term
+        out = _weighted_into(_negative_zeros_like(m), e0, e1, e2, e3, z, k0, k1, k2, k3, SLOTS)
+        for g in range(SLOTS, P, SLOTS):
+            t0, t1, t2, t3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                           stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
+                                           t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
+                                           valid, dims, dmask, SLOTS)
+            f0, f1, f2, f3 = _group_exps(t0, t1, t2, t3, m, SLOTS)
+            c0, c1, c2, c3 = _window_group(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0 + g, qs_pos, in_shift,
+                                           t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
+                                           valid, dims, dmask, SLOTS)
+            out = _weighted_into(out, f0, f1, f2, f3, z, c0, c1, c2, c3, SLOTS)
         tl.store(cache_ptr + dst[:, None] + dims[None, :] * stride_cache_d, bf16_rne_int16(out),
                  mask=valid[:, None] & dmask[None, :])
 
@@ -232,32 +333,38 @@ def _compress_kernel(
                            stride_tail_block_table_r, P, BLOCK_D)
 
 
-@triton.jit(do_not_specialize=["num_rows", "num_requests", "search_steps", "ring_capacity", "num_tail_slots",
+@triton.jit(do_not_specialize=["num_rows", "num_requests", "ring_capacity", "num_tail_slots",
                                 "stride_k_t", "stride_gate_t", "stride_tail_blk", "stride_tail_plane",
                                 "stride_tail_c", "stride_positions_t", "stride_tail_slot_mapping_t"],
              do_not_specialize_on_alignment=["tail_ptr"])
 def _ring_write_kernel(
         k_ptr, gate_ptr, tail_ptr, positions_ptr, cum_query_lens_ptr, tail_slot_mapping_ptr,
-        num_rows, num_requests, search_steps, D, ring_capacity, num_tail_slots,
+        num_rows, num_requests, D, ring_capacity, num_tail_slots,
         stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
         stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
         stride_positions_t, stride_tail_slot_mapping_t, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Launch 2 (kpool-algorithm.md §5.4). ``k_ptr``, ``gate_ptr``, ``tail_ptr`` are int32
-    views of the fp32 tensors: the copy moves bit patterns (NaN payloads included)."""
+    views of the fp32 tensors: the copy moves bit patterns (NaN payloads included). Tile =
+    (request ``r``, ``BLOCK_T`` rows of its span): only each request's last ``C`` rows are
+    visited, so a long prefill costs its ring rows, not a pass over all its rows."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_t = tl.arange(0, BLOCK_T)
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < D
-    for tile in range(pid, tl.cdiv(num_rows, BLOCK_T), nprog):
-        rows = tile * BLOCK_T + offs_t
-        is_live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)
-        r = request_of_rows(rows, cum_query_lens_ptr, num_requests, search_steps)
+    t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
+    span_tiles = tl.cdiv(ring_capacity, BLOCK_T)
+    for tile in range(pid, num_requests * span_tiles, nprog):
+        r = tile // span_tiles
         end_r = tl.load(cum_query_lens_ptr + r)
-        near_end = is_live & (rows >= end_r - ring_capacity)     # only these rows read their metadata
+        qs_r = tl.load(cum_query_lens_ptr + r - 1, mask=r > 0, other=0)
+        # the request's last min(C, ql) rows; padding rows (>= T_live) never write
+        span_first = tl.maximum(end_r - ring_capacity, qs_r)
+        rows = span_first + (tile - r * span_tiles) * BLOCK_T + offs_t
+        near_end = (rows < end_r) & (rows < t_live) & (rows < num_rows) & (rows >= 0)
         pos = tl.load(positions_ptr + rows * stride_positions_t, mask=near_end, other=-1)
         tslot = tl.load(tail_slot_mapping_ptr + rows * stride_tail_slot_mapping_t, mask=near_end, other=-1)
-        valid = is_live & (rows >= end_r - ring_capacity) & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)
+        valid = near_end & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)
         ts32 = tl.where(valid, tslot.to(tl.int32), 0)
         blk = ts32 // ring_capacity
         sl = ts32 - blk * ring_capacity
@@ -328,11 +435,11 @@ def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, posi
         positions.stride(0), raw_seq_lens.stride(0), slot_mapping.stride(0), tail_block_table.stride(0),
         **first.constexprs, **first.options)
 
-    second = launch_plan.ring_write_plan(T, D, k.device, launch_options)
+    second = launch_plan.ring_write_plan(num_requests, C, D, k.device, launch_options)
     _ring_write_kernel[(second.grid,)](
         k.view(torch.int32), gate.view(torch.int32), tail_cache.view(torch.int32),
         positions, cum_query_lens, tail_slot_mapping,
-        T, num_requests, search_steps, D, C, num_tail_blocks * C,
+        T, num_requests, D, C, num_tail_blocks * C,
         k.stride(0), k.stride(1), gate.stride(0), gate.stride(1),
         tail_cache.stride(0), tail_cache.stride(1), tail_cache.stride(2), tail_cache.stride(3),
         positions.stride(0), tail_slot_mapping.stride(0),

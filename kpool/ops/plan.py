@@ -62,14 +62,15 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # D_SPLIT: channels per tile (0: all), walked in chunks of BLOCK_D.
     # latency_rows: a launch of at most this many rows T (decode, short batches) takes the
     # latency tile instead (compress_plan): a fixed second variant, chosen from T alone.
-    "compress": {"cuda": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=4, num_warps=8,
+    "compress": {"cuda": dict(BLOCK_J=32, BLOCK_D=32, D_SPLIT=0, window=1024, per_core=12, num_warps=4,
                               latency_rows=1024),
                  "npu": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=1, latency_rows=256),
                  "cpu": dict(BLOCK_J=64, BLOCK_D=0, D_SPLIT=0, window=2 ** 20, cap=4, rows_at_once=True)},
     "ring_write": {"cuda": dict(BLOCK_T=8, per_core=8, num_warps=4),
                    "npu": dict(BLOCK_T=16, per_core=1),
                    "cpu": dict(BLOCK_T=256, cap=4)},
-    "score_decode": {"cuda": dict(BLOCK_N=128, per_core=8, num_warps=4, num_stages=2),
+    # per_core_key_tile_outer: programs per SM when KEY_TILE_OUTER (MTP verify, short requests)
+    "score_decode": {"cuda": dict(BLOCK_N=128, per_core=4, per_core_key_tile_outer=16, num_warps=4, num_stages=2),
                      "npu": dict(BLOCK_N=64, per_core=1),
                      "cpu": dict(BLOCK_N=0, cap=64)},                  # BLOCK_N=0: whole row (<= 4096)
     "score_prefill": {"cuda": dict(BLOCK_M=64, BLOCK_N=128, per_core=2, num_warps=4, num_stages=3),
@@ -265,12 +266,13 @@ def _cached_plan(build: Callable, kernels: Tuple[str, ...], args: tuple, device,
 
 
 def _make(kernel: str, tiles: int, backend: str, cores: Optional[int], options: dict, explicit: bool,
-          constexprs: dict, **extra_options) -> LaunchPlan:
+          constexprs: dict, per_core_key: str = "per_core", **extra_options) -> LaunchPlan:
     """The plan of one launch. ``cores``: as resolved by :func:`_cached_plan` (None on the
     interpreter); ``options``: the explicit launch options (``explicit``) or the backend's, to
-    which CUDA adds the tuned ``num_warps`` / ``num_stages`` (then ``extra_options``)."""
+    which CUDA adds the tuned ``num_warps`` / ``num_stages`` (then ``extra_options``);
+    ``per_core_key``: the tunable giving programs per core (default ``per_core``)."""
     tune = TUNING[kernel][backend]
-    grid = launch_grid(tiles, backend, None, programs_per_core=tune.get("per_core", 1),
+    grid = launch_grid(tiles, backend, None, programs_per_core=tune.get(per_core_key, tune.get("per_core", 1)),
                        cpu_cap=tune.get("cap"), cores=cores)
     options = dict(options)
     if not explicit:
@@ -301,6 +303,7 @@ def compress_plan(num_rows: int, head_dim: int, index_kpool: int, device, launch
       channels spread over many programs instead of one program walking ``P`` dependent row
       groups and every channel chunk (issue 20 point 2).
 
+    A throughput launch with fewer tiles than programs splits the channels (``D_SPLIT = BLOCK_D``).
     The interpreter always takes rows at once, its tile shrunk to ``T``. Sized by ``T`` (host),
     never by the live rows (device data): graph capture is unchanged."""
     return _cached_plan(_compress, ("compress",), (int(num_rows), int(head_dim), int(index_kpool)), device,
@@ -320,21 +323,28 @@ def _compress(backend, cores, options, explicit, num_rows, head_dim, index_kpool
             block_j = max(1, min(block_j, next_pow2(cdiv(num_rows, index_kpool))))
         d_split = max(block_d, min(tune.get("D_SPLIT") or next_pow2(head_dim), next_pow2(head_dim)))
         d_split = -(-d_split // block_d) * block_d
+        if cores and cdiv(num_rows, block_j * index_kpool) * cdiv(head_dim, d_split) < cores * tune["per_core"]:
+            # fewer tiles than programs (a prefill chunk of a few thousand rows): the channels
+            # spread over programs too (H200, 4159-row mixed step: 30.1 -> 18.2 us; a 64k prefill
+            # keeps whole rows, 52 us against 85 split)
+            d_split = block_d
     rows_per_tile = block_j * index_kpool
     return _make("compress", cdiv(num_rows, rows_per_tile) * cdiv(head_dim, d_split), backend, cores, options,
                  explicit, dict(P=int(index_kpool), BLOCK_J=block_j, BLOCK_D=block_d, D_SPLIT=d_split,
                                 ROWS_AT_ONCE=rows_at_once, BLOCK_R=next_pow2(rows_per_tile)))
 
 
-def ring_write_plan(num_rows: int, head_dim: int, device, launch_options=None,
-              cores: Optional[int] = None) -> LaunchPlan:
-    """Launch 2 of the cache update (§5.4): tiles of ``BLOCK_T`` token rows x all channels."""
-    return _cached_plan(_ring_write, ("ring_write",), (int(num_rows), int(head_dim)), device, launch_options, cores)
+def ring_write_plan(num_requests: int, ring_capacity: int, head_dim: int, device, launch_options=None,
+                    cores: Optional[int] = None) -> LaunchPlan:
+    """Launch 2 of the cache update (§5.4): tiles of (request, ``BLOCK_T`` of its last
+    ``ring_capacity`` rows) x all channels: ``R * cdiv(C, BLOCK_T)`` tiles, whatever ``T``."""
+    return _cached_plan(_ring_write, ("ring_write",), (int(num_requests), int(ring_capacity), int(head_dim)), device,
+                        launch_options, cores)
 
 
-def _ring_write(backend, cores, options, explicit, num_rows, head_dim):
-    block_t = _row_block("ring_write", "BLOCK_T", num_rows, backend)
-    return _make("ring_write", cdiv(num_rows, block_t), backend, cores, options, explicit,
+def _ring_write(backend, cores, options, explicit, num_requests, ring_capacity, head_dim):
+    block_t = _row_block("ring_write", "BLOCK_T", ring_capacity, backend)
+    return _make("ring_write", num_requests * cdiv(ring_capacity, block_t), backend, cores, options, explicit,
                  dict(BLOCK_T=block_t, BLOCK_D=next_pow2(head_dim)))
 
 
@@ -366,10 +376,14 @@ def score_decode_plan(num_requests: int, max_pool_seq_len: int, num_heads: int, 
 def _score_decode(backend, cores, options, explicit, num_requests, max_pool_seq_len, num_heads, head_dim, num_rows):
     block_n = _pool_block(TUNING["score_decode"][backend], max_pool_seq_len)
     tiles = num_requests * cdiv(max_pool_seq_len, block_n)        # at most one pool block per tile
+    key_tile_outer = num_rows > num_requests
+    # H200 (docs/kernels.md): plain decode streams longer segments best (4 programs an SM), key
+    # tile outer hides its unpipelined loads with more programs (16)
     return _make("score_decode", tiles, backend, cores, options, explicit,
                  dict(BLOCK_N=block_n, HP=max(MIN_DOT, next_pow2(num_heads)),
                       DP=max(MIN_DOT, next_pow2(head_dim)), DECODE_ROWS=DECODE_ROWS,
-                      DOT_F32=backend == "cpu", KEY_TILE_OUTER=num_rows > num_requests))
+                      DOT_F32=backend == "cpu", KEY_TILE_OUTER=key_tile_outer),
+                 per_core_key="per_core_key_tile_outer" if key_tile_outer else "per_core")
 
 
 def decode_segments(decode: LaunchPlan, num_requests: int, max_pool_seq_len: int) -> int:

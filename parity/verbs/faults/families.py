@@ -17,8 +17,8 @@ FAMILY_FAULTS = {
                           "    return load_f32(ptrs, mask, DOT_F32).to(tl.float16).to(tl.float32)\n", "wrong-index"),
     # the running max of the pool softmax skips slot 1 (§5.3 step 2): the same value up to
     # rounding while the logits are close; exp overflows once slot 1 is far above the max
-    "softmax-max-skips-slot": ("ops/compress.py", "        for jj in tl.static_range(1, SLOTS):\n            m = tl.maximum(m,",
-                               "        for jj in tl.static_range(2, SLOTS):\n            m = tl.maximum(m,",
+    "softmax-max-skips-slot": ("ops/compress.py", "m = _max_into(s0, s0, s1, s2, s3, 1, SLOTS)",
+                               "m = _max_into(s0, s0, s1, s2, s3, 2, SLOTS)",
                                "cache-mismatch"),
     # a -1e30 threshold in place of the LOWEST handling (§4.3): finite scores below -1e30 are
     # treated as invalid (a public fix replaced such a threshold)

@@ -14,16 +14,15 @@ KERNEL_FAULTS = {
     # the window starts one position early: pool j compresses positions jP-1 .. jP+P-2
     "window-shifted": ("ops/compress.py", "w0 = p - (P - 1)", "w0 = p - P", "cache-mismatch"),
     # k read from the gate plane of the ring (planes swapped for the keys), §3.3
-    "ring-read-k-from-gate-plane": ("ops/compress.py", "tail_ptr, 0, w0 + g + jj, qs_pos",
-                                    "tail_ptr, stride_tail_plane, w0 + g + jj, qs_pos", "cache-mismatch"),
+    "ring-read-k-from-gate-plane": ("ops/compress.py", "tail_ptr, 0, w0, qs_pos",
+                                    "tail_ptr, stride_tail_plane, w0, qs_pos", "cache-mismatch"),
     # ---- softmax order (§5.3 steps 2-5) -------------------------------------------------------
     # the normalizer Z leaves out slot 0 (a running max that skips a slot changes the fp32 result
     # by a few ulps on close logits; faults.families "softmax-max-skips-slot" needs far-apart ones)
     "softmax-normalizer-skips-slot": ("ops/compress.py",
-                                      "z = _negative_zeros_like(m)\n        for g in range(0, P, SLOTS):\n"
-                                      "            for jj in tl.static_range(SLOTS):",
-                                      "z = _negative_zeros_like(m)\n        for g in range(0, P, SLOTS):\n"
-                                      "            for jj in tl.static_range(1, SLOTS):", "cache-mismatch"),
+                                      "z = _sum_into(_negative_zeros_like(m), e0, e1, e2, e3, 0, SLOTS)",
+                                      "z = _sum_into(_negative_zeros_like(m), e0, e1, e2, e3, 1, SLOTS)",
+                                      "cache-mismatch"),
     # ---- bf16 rounding (§5.3 step 6) ---------------------------------------------------------
     "bf16-truncate": ("ops/_portable.py", "rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536",
                       "rounded = bits & -65536", "cache-mismatch"),
@@ -32,8 +31,8 @@ KERNEL_FAULTS = {
     "ring-write-gate-into-k-plane": ("ops/compress.py", "tl.store(tail_ptr + (dst + stride_tail_plane)[:, None]",
                                      "tl.store(tail_ptr + (dst + 0)[:, None]", "ring-mismatch"),
     # only the last C - 1 rows of a request stashed (span one short)
-    "ring-write-span-short": ("ops/compress.py", "near_end = is_live & (rows >= end_r - ring_capacity)",
-                              "near_end = is_live & (rows >= end_r - ring_capacity + 1)", "ring-mismatch"),
+    "ring-write-span-short": ("ops/compress.py", "span_first = tl.maximum(end_r - ring_capacity, qs_r)",
+                              "span_first = tl.maximum(end_r - ring_capacity + 1, qs_r)", "ring-mismatch"),
     # ---- request of a row (§3.4) ----------------------------------------------------------------
     # the first row of every request after the first attributed to the previous request
     "request-boundary": ("ops/_portable.py", "right = (lo < hi) & (end <= rows)",
@@ -88,9 +87,9 @@ KERNEL_FAULTS = {
     "chunk-last-skipped": ("indexer.py", "for row_start in range(0, T, rows_per_chunk):",
                            "for row_start in (range(0, T, rows_per_chunk)[:-1] or range(1)):", "wrong-index"),
     # ---- launch geometry: grid-stride iterations ----------------------------------------------
-    # the ring-write kernel walks only its first pass of tiles (CPU grid cap 4 x 256 rows)
-    "ring-write-one-pass": ("ops/compress.py", "for tile in range(pid, tl.cdiv(num_rows, BLOCK_T), nprog):",
-                            "for tile in range(pid, tl.minimum(tl.cdiv(num_rows, BLOCK_T), nprog), nprog):",
+    # the ring-write kernel walks only its first pass of tiles (CPU grid cap 4: a batch of more than 4 requests)
+    "ring-write-one-pass": ("ops/compress.py", "for tile in range(pid, num_requests * span_tiles, nprog):",
+                            "for tile in range(pid, tl.minimum(num_requests * span_tiles, nprog), nprog):",
                             "missing-write"),
     # the expansion kernel walks only its first pass (its CPU grid covers every tile: device only)
     "expand-one-pass": ("ops/expand.py", "for tile in range(pid, n_row_blocks * n_col_blocks, nprog):",
