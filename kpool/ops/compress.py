@@ -9,8 +9,7 @@ Two ordered launches (§5.4 "launch 2 runs strictly after launch 1"):
    stays bitwise equal to the reference on every backend: software ``exp_fp32``,
    ``tl.math.div_rn``, no FMA (``enable_fp_fusion=False``), RNE on the int32 bits.
 2. :func:`_ring_write_kernel` — the last ``C`` live rows of every request copy their raw
-   K and gate bit-exactly into the request's ring (§5.4); its tiles walk each request's last
-   ``C`` rows only.
+   K and gate bit-exactly into the request's ring (§5.4).
 
 Tiling (``kpool.ops.plan.compress_plan``): a tile is ``BLOCK_J * P`` consecutive token rows x
 ``D_SPLIT`` channels (in chunks of ``BLOCK_D``).
@@ -225,18 +224,11 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
     for d0 in range(d_first, d_end, BLOCK_D):
         dims = d0 + tl.arange(0, BLOCK_D)
         dmask = dims < D
-        # Group 0 (every slot when P <= 4): its logits and key tiles are loaded together, once,
-        # and its exps computed once; they stay live through the three passes. Every other group
-        # of SLOTS slots is recomputed in each pass (same bits, from L1), to bound registers for
-        # large P; unrolled whole, P = 16 compiled for 24-37 s to 255 registers and a 6 KiB spill.
+        # Pass 1: m = sequential max of s_j = gate_j + ape_j, from m = s_0, SLOTS slots at a time.
         s0, s1, s2, s3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d,
                                        tail_ptr, stride_tail_plane, w0, 0, qs_pos, in_shift, t_live, ring_base,
                                        ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask,
                                        SLOTS)
-        k0, k1, k2, k3 = _window_group(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0, qs_pos, in_shift, t_live,
-                                       ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid,
-                                       dims, dmask, SLOTS)
-        # Pass 1: m = sequential max of s_j = gate_j + ape_j, from m = s_0.
         m = _max_into(s0, s0, s1, s2, s3, 1, SLOTS)
         for g in range(SLOTS, P, SLOTS):
             t0, t1, t2, t3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
@@ -244,30 +236,42 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
                                            t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
                                            valid, dims, dmask, SLOTS)
             m = _max_into(m, t0, t1, t2, t3, 0, SLOTS)
-        # Pass 2: Z = left-to-right sum of e_j = exp(s_j - m). The sums start at -0.0, the identity
-        # of fp32 addition (-0.0 + x == x bit for bit for every x, +-0.0 and NaN included): the
-        # same bits as a sum that starts at its first term.
-        e0, e1, e2, e3 = _group_exps(s0, s1, s2, s3, m, SLOTS)
-        z = _sum_into(_negative_zeros_like(m), e0, e1, e2, e3, 0, SLOTS)
-        for g in range(SLOTS, P, SLOTS):
-            t0, t1, t2, t3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
-                                           stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
-                                           t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
-                                           valid, dims, dmask, SLOTS)
-            f0, f1, f2, f3 = _group_exps(t0, t1, t2, t3, m, SLOTS)
-            z = _sum_into(z, f0, f1, f2, f3, 0, SLOTS)
-        # Pass 3: out = sum_j div_rn(e_j, Z) * K_j, each product rounded before its add.
-        out = _weighted_into(_negative_zeros_like(m), e0, e1, e2, e3, z, k0, k1, k2, k3, SLOTS)
-        for g in range(SLOTS, P, SLOTS):
-            t0, t1, t2, t3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
-                                           stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
-                                           t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
-                                           valid, dims, dmask, SLOTS)
-            f0, f1, f2, f3 = _group_exps(t0, t1, t2, t3, m, SLOTS)
-            c0, c1, c2, c3 = _window_group(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0 + g, qs_pos, in_shift,
-                                           t_live, ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d,
-                                           valid, dims, dmask, SLOTS)
-            out = _weighted_into(out, f0, f1, f2, f3, z, c0, c1, c2, c3, SLOTS)
+        # Pass 2: Z = left-to-right sum of e_j = exp(s_j - m); pass 3: out = sum_j div_rn(e_j, Z) * K_j,
+        # each product rounded before its add. The sums start at -0.0, the identity of fp32
+        # addition (-0.0 + x == x bit for bit for every x, +-0.0 and NaN included): the same bits
+        # as a sum that starts at its first term.
+        if P == SLOTS:
+            # One group (every P <= 4, GLM's P = 4): the logits stay live, each exp is computed
+            # once, and the key tiles are loaded with them (one memory round trip).
+            k0, k1, k2, k3 = _window_group(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0, qs_pos, in_shift, t_live,
+                                           ring_base, ring_ok, ring_capacity, stride_tail_c, stride_tail_d, valid,
+                                           dims, dmask, SLOTS)
+            e0, e1, e2, e3 = _group_exps(s0, s1, s2, s3, m, SLOTS)
+            z = _sum_into(_negative_zeros_like(m), e0, e1, e2, e3, 0, SLOTS)
+            out = _weighted_into(_negative_zeros_like(m), e0, e1, e2, e3, z, k0, k1, k2, k3, SLOTS)
+        else:
+            # Larger P: each pass recomputes its groups' logits (same bits, from L1) instead of
+            # keeping P live tiles, to bound registers and compile time (P = 16 unrolled whole:
+            # 24-37 s, 255 registers, a 6 KiB spill; its first group kept live: 21 s).
+            z = _negative_zeros_like(m)
+            for g in range(0, P, SLOTS):
+                t0, t1, t2, t3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                               stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
+                                               t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
+                                               stride_tail_d, valid, dims, dmask, SLOTS)
+                f0, f1, f2, f3 = _group_exps(t0, t1, t2, t3, m, SLOTS)
+                z = _sum_into(z, f0, f1, f2, f3, 0, SLOTS)
+            out = _negative_zeros_like(m)
+            for g in range(0, P, SLOTS):
+                t0, t1, t2, t3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                               stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
+                                               t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
+                                               stride_tail_d, valid, dims, dmask, SLOTS)
+                f0, f1, f2, f3 = _group_exps(t0, t1, t2, t3, m, SLOTS)
+                c0, c1, c2, c3 = _window_group(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0 + g, qs_pos, in_shift,
+                                               t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
+                                               stride_tail_d, valid, dims, dmask, SLOTS)
+                out = _weighted_into(out, f0, f1, f2, f3, z, c0, c1, c2, c3, SLOTS)
         tl.store(cache_ptr + dst[:, None] + dims[None, :] * stride_cache_d, bf16_rne_int16(out),
                  mask=valid[:, None] & dmask[None, :])
 
@@ -333,38 +337,32 @@ def _compress_kernel(
                            stride_tail_block_table_r, P, BLOCK_D)
 
 
-@triton.jit(do_not_specialize=["num_rows", "num_requests", "ring_capacity", "num_tail_slots",
+@triton.jit(do_not_specialize=["num_rows", "num_requests", "search_steps", "ring_capacity", "num_tail_slots",
                                 "stride_k_t", "stride_gate_t", "stride_tail_blk", "stride_tail_plane",
                                 "stride_tail_c", "stride_positions_t", "stride_tail_slot_mapping_t"],
              do_not_specialize_on_alignment=["tail_ptr"])
 def _ring_write_kernel(
         k_ptr, gate_ptr, tail_ptr, positions_ptr, cum_query_lens_ptr, tail_slot_mapping_ptr,
-        num_rows, num_requests, D, ring_capacity, num_tail_slots,
+        num_rows, num_requests, search_steps, D, ring_capacity, num_tail_slots,
         stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
         stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
         stride_positions_t, stride_tail_slot_mapping_t, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Launch 2 (kpool-algorithm.md §5.4). ``k_ptr``, ``gate_ptr``, ``tail_ptr`` are int32
-    views of the fp32 tensors: the copy moves bit patterns (NaN payloads included). Tile =
-    (request ``r``, ``BLOCK_T`` rows of its span): only each request's last ``C`` rows are
-    visited, so a long prefill costs its ring rows, not a pass over all its rows."""
+    views of the fp32 tensors: the copy moves bit patterns (NaN payloads included)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_t = tl.arange(0, BLOCK_T)
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < D
-    t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
-    span_tiles = tl.cdiv(ring_capacity, BLOCK_T)
-    for tile in range(pid, num_requests * span_tiles, nprog):
-        r = tile // span_tiles
+    for tile in range(pid, tl.cdiv(num_rows, BLOCK_T), nprog):
+        rows = tile * BLOCK_T + offs_t
+        is_live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)
+        r = request_of_rows(rows, cum_query_lens_ptr, num_requests, search_steps)
         end_r = tl.load(cum_query_lens_ptr + r)
-        qs_r = tl.load(cum_query_lens_ptr + r - 1, mask=r > 0, other=0)
-        # the request's last min(C, ql) rows; padding rows (>= T_live) never write
-        span_first = tl.maximum(end_r - ring_capacity, qs_r)
-        rows = span_first + (tile - r * span_tiles) * BLOCK_T + offs_t
-        near_end = (rows < end_r) & (rows < t_live) & (rows < num_rows) & (rows >= 0)
+        near_end = is_live & (rows >= end_r - ring_capacity)     # only these rows read their metadata
         pos = tl.load(positions_ptr + rows * stride_positions_t, mask=near_end, other=-1)
         tslot = tl.load(tail_slot_mapping_ptr + rows * stride_tail_slot_mapping_t, mask=near_end, other=-1)
-        valid = near_end & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)
+        valid = is_live & (rows >= end_r - ring_capacity) & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)
         ts32 = tl.where(valid, tslot.to(tl.int32), 0)
         blk = ts32 // ring_capacity
         sl = ts32 - blk * ring_capacity
@@ -435,11 +433,11 @@ def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, posi
         positions.stride(0), raw_seq_lens.stride(0), slot_mapping.stride(0), tail_block_table.stride(0),
         **first.constexprs, **first.options)
 
-    second = launch_plan.ring_write_plan(num_requests, C, D, k.device, launch_options)
+    second = launch_plan.ring_write_plan(T, D, k.device, launch_options)
     _ring_write_kernel[(second.grid,)](
         k.view(torch.int32), gate.view(torch.int32), tail_cache.view(torch.int32),
         positions, cum_query_lens, tail_slot_mapping,
-        T, num_requests, D, C, num_tail_blocks * C,
+        T, num_requests, search_steps, D, C, num_tail_blocks * C,
         k.stride(0), k.stride(1), gate.stride(0), gate.stride(1),
         tail_cache.stride(0), tail_cache.stride(1), tail_cache.stride(2), tail_cache.stride(3),
         positions.stride(0), tail_slot_mapping.stride(0),

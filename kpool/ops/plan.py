@@ -334,17 +334,15 @@ def _compress(backend, cores, options, explicit, num_rows, head_dim, index_kpool
                                 ROWS_AT_ONCE=rows_at_once, BLOCK_R=next_pow2(rows_per_tile)))
 
 
-def ring_write_plan(num_requests: int, ring_capacity: int, head_dim: int, device, launch_options=None,
-                    cores: Optional[int] = None) -> LaunchPlan:
-    """Launch 2 of the cache update (§5.4): tiles of (request, ``BLOCK_T`` of its last
-    ``ring_capacity`` rows) x all channels: ``R * cdiv(C, BLOCK_T)`` tiles, whatever ``T``."""
-    return _cached_plan(_ring_write, ("ring_write",), (int(num_requests), int(ring_capacity), int(head_dim)), device,
-                        launch_options, cores)
+def ring_write_plan(num_rows: int, head_dim: int, device, launch_options=None,
+              cores: Optional[int] = None) -> LaunchPlan:
+    """Launch 2 of the cache update (§5.4): tiles of ``BLOCK_T`` token rows x all channels."""
+    return _cached_plan(_ring_write, ("ring_write",), (int(num_rows), int(head_dim)), device, launch_options, cores)
 
 
-def _ring_write(backend, cores, options, explicit, num_requests, ring_capacity, head_dim):
-    block_t = _row_block("ring_write", "BLOCK_T", ring_capacity, backend)
-    return _make("ring_write", num_requests * cdiv(ring_capacity, block_t), backend, cores, options, explicit,
+def _ring_write(backend, cores, options, explicit, num_rows, head_dim):
+    block_t = _row_block("ring_write", "BLOCK_T", num_rows, backend)
+    return _make("ring_write", cdiv(num_rows, block_t), backend, cores, options, explicit,
                  dict(BLOCK_T=block_t, BLOCK_D=next_pow2(head_dim)))
 
 

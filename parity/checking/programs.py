@@ -42,8 +42,7 @@ def _on(backend: str, device):
 
 
 def cache_update_program(row: int, *, num_rows: int, head_dim: int, index_kpool: int, backend: str,
-                         kernel: str = "compress", package: str = "kpool", device=None, channel: int = 0,
-                         cum_query_lens: Optional[Sequence[int]] = None, ring_capacity: Optional[int] = None) -> int:
+                         kernel: str = "compress", package: str = "kpool", device=None, channel: int = 0) -> int:
     """Program of the compression (``kernel="compress"``) or ring-write (``"ring_write"``) launch
     that handles token ``row``.
 
@@ -54,12 +53,8 @@ def cache_update_program(row: int, *, num_rows: int, head_dim: int, index_kpool:
         kernel: ``"compress"`` (launch 1) or ``"ring_write"`` (launch 2).
         package: ``"kpool"`` or a planted-fault copy of it (:mod:`parity.implementations.mutants`).
         channel: the element's channel (compression tiles split the channels in ``D_SPLIT`` chunks).
-        cum_query_lens, ring_capacity: the step's exclusive query ends and ``C``; required for
-            ``"ring_write"``, whose tiles are (request, ``BLOCK_T`` rows of its last ``C`` rows).
     Raises:
-        ValueError: an unknown ``kernel``, or ``"ring_write"`` without ``cum_query_lens`` /
-            ``ring_capacity`` or for a row outside every request's last ``C`` rows.
-        ImportError: the package has no ``ops.plan``.
+        ValueError: an unknown ``kernel``. ImportError: the package has no ``ops.plan``.
     """
     if kernel not in ("compress", "ring_write"):
         raise ValueError(f"kernel must be 'compress' or 'ring_write', got {kernel!r}")
@@ -67,21 +62,15 @@ def cache_update_program(row: int, *, num_rows: int, head_dim: int, index_kpool:
     rows = int(num_rows)
     on = _on(backend, device)
     if kernel == "ring_write":
-        if cum_query_lens is None or ring_capacity is None:
-            raise ValueError("the ring-write program of a row needs cum_query_lens and ring_capacity")
-        ends, C = [int(e) for e in cum_query_lens], int(ring_capacity)
-        r = bisect.bisect_right(ends, int(row))
-        span_first = max(ends[r] - C, ends[r - 1] if r else 0) if r < len(ends) else None
-        if span_first is None or int(row) < span_first:
-            raise ValueError(f"row {row} is not among its request's last {C} rows: no ring write")
-        launch = plan.ring_write_plan(len(ends), C, head_dim, on)
-        span_tiles = -(-C // launch.constexprs["BLOCK_T"])
-        return launch.program_of_tile(r * span_tiles + (int(row) - span_first) // launch.constexprs["BLOCK_T"])
-    launch = plan.compress_plan(rows, head_dim, index_kpool, on)
-    per_tile = launch.constexprs["BLOCK_J"] * launch.constexprs["P"]
-    split = launch.constexprs["D_SPLIT"]
-    chunks = -(-int(head_dim) // split)
-    return launch.program_of_tile((int(row) // per_tile) * chunks + int(channel) // split)
+        launch = plan.ring_write_plan(rows, head_dim, on)
+        per_tile = launch.constexprs["BLOCK_T"]
+    else:
+        launch = plan.compress_plan(rows, head_dim, index_kpool, on)
+        per_tile = launch.constexprs["BLOCK_J"] * launch.constexprs["P"]
+        split = launch.constexprs["D_SPLIT"]
+        chunks = -(-int(head_dim) // split)
+        return launch.program_of_tile((int(row) // per_tile) * chunks + int(channel) // split)
+    return launch.program_of_tile(int(row) // per_tile)
 
 
 def expand_program(row: int, column: int, *, num_rows: int, width: int, backend: str,
