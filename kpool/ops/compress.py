@@ -147,6 +147,18 @@ def _group_exps(s0, s1, s2, s3, m, SLOTS: tl.constexpr):
 
 
 @triton.jit
+def _group_exps_at(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d, tail_ptr,
+                   stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base, ring_ok, ring_capacity,
+                   stride_tail_c, stride_tail_d, valid, dims, dmask, m, SLOTS: tl.constexpr):
+    """:func:`_group_exps` of slots ``j .. j + SLOTS - 1``, their logits recomputed
+    (:func:`_group_logits`: the same bits as in pass 1); passes 2 and 3 when P is several groups."""
+    s0, s1, s2, s3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p, stride_ape_d,
+                                   tail_ptr, stride_tail_plane, w0, j, qs_pos, in_shift, t_live, ring_base, ring_ok,
+                                   ring_capacity, stride_tail_c, stride_tail_d, valid, dims, dmask, SLOTS)
+    return _group_exps(s0, s1, s2, s3, m, SLOTS)
+
+
+@triton.jit
 def _sum_into(z, e0, e1, e2, e3, FIRST: tl.constexpr, SLOTS: tl.constexpr):
     """``z`` plus ``e_FIRST .. e_{SLOTS-1}``, left to right (§5.3 step 4)."""
     if FIRST <= 0:
@@ -255,19 +267,17 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
             # 24-37 s, 255 registers, a 6 KiB spill; its first group kept live: 21 s).
             z = _negative_zeros_like(m)
             for g in range(0, P, SLOTS):
-                t0, t1, t2, t3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
-                                               stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
-                                               t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                                               stride_tail_d, valid, dims, dmask, SLOTS)
-                f0, f1, f2, f3 = _group_exps(t0, t1, t2, t3, m, SLOTS)
+                f0, f1, f2, f3 = _group_exps_at(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                                stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
+                                                t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
+                                                stride_tail_d, valid, dims, dmask, m, SLOTS)
                 z = _sum_into(z, f0, f1, f2, f3, 0, SLOTS)
             out = _negative_zeros_like(m)
             for g in range(0, P, SLOTS):
-                t0, t1, t2, t3 = _group_logits(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
-                                               stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
-                                               t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
-                                               stride_tail_d, valid, dims, dmask, SLOTS)
-                f0, f1, f2, f3 = _group_exps(t0, t1, t2, t3, m, SLOTS)
+                f0, f1, f2, f3 = _group_exps_at(gate_ptr, stride_gate_t, stride_gate_d, ape_ptr, stride_ape_p,
+                                                stride_ape_d, tail_ptr, stride_tail_plane, w0, g, qs_pos, in_shift,
+                                                t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
+                                                stride_tail_d, valid, dims, dmask, m, SLOTS)
                 c0, c1, c2, c3 = _window_group(k_ptr, stride_k_t, stride_k_d, tail_ptr, 0, w0 + g, qs_pos, in_shift,
                                                t_live, ring_base, ring_ok, ring_capacity, stride_tail_c,
                                                stride_tail_d, valid, dims, dmask, SLOTS)
