@@ -264,7 +264,7 @@ def test_grid_stride_loop_and_partial_blocks(monkeypatch):
     assert not plan.compress_plan(8, 16, 4, "cpu").constexprs["ROWS_AT_ONCE"]   # the compiled backends' path
     monkeypatch.setitem(plan.TUNING["ring_write"], "cpu", dict(BLOCK_T=2, cap=3))
     sim = Sim(P=4, C=7, lengths=[12, 5, 8], seed=5)
-    sim.step([(0, 7), (1, 2), (2, 5)])                      # 7 blocks of 2 rows on 3 programs
+    sim.step([(0, 7), (1, 2), (2, 5)])        # ring: 3 requests x 4 chunks of 2 rows (C = 7) on 3 programs
     sim.step([(0, 5), (1, 3), (2, 3)], launch_options={})
 
 

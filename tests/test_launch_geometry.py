@@ -282,7 +282,7 @@ def test_launchers_launch_exactly_their_plan(hw):
     want = plan.compress_plan(777, 16, P, "cuda")
     assert grid == (want.grid,) and {k: kw[k] for k in want.constexprs} == dict(want.constexprs)
     grid, _, kw = _only(kernels, "_ring_write_kernel")
-    want = plan.ring_write_plan(777, 16, "cuda")
+    want = plan.ring_write_plan(1, 7, 16, "cuda")
     assert grid == (want.grid,) and {k: kw[k] for k in want.constexprs} == dict(want.constexprs)
     grid, _, kw = _only(kernels, "_expand_kernel")
     want = plan.expand_plan(50, K_TOK + P - 1, "cuda")

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.interpreter_ok
 # (plan function, positional host ints, keyword host ints): one call of every plan function.
 CALLS = {
     "compress": (plan.compress_plan, (64, 128, 4), {}),
-    "ring_write": (plan.ring_write_plan, (64, 128), {}),
+    "ring_write": (plan.ring_write_plan, (64, 4, 128), {}),
     "score_decode": (plan.score_decode_plan, (64, 16384, 32, 128), {"num_rows": 64}),
     "score_prefill": (plan.score_prefill_plan, (64, 64, 64, 16384, 128), {}),
     "merge_heads": (plan.merge_heads_plan, (64, 128), {}),

@@ -95,7 +95,8 @@ def test_program_ids_match_what_the_kernels_report(device, torch_device):
     C = SMALL.ring_capacity
     for t in (146, 147, 148, 149, 256, 257, 258, 259):              # the last C rows of each request
         want = programs.cache_update_program(t, num_rows=T, head_dim=D, index_kpool=P, backend=device,
-                                             kernel="ring_write", device=torch_device)
+                                             kernel="ring_write", device=torch_device,
+                                             cum_query_lens=kw["cum_query_lens"].tolist(), ring_capacity=C)
         assert int(bits(caches.tail_cache.cpu())[tslots[t] // C, 0, tslots[t] % C, 0]) == want
     # expansion: every output element
     caches, kw = _probe_batch(torch_device)

@@ -347,32 +347,45 @@ def _compress_kernel(
                            stride_tail_block_table_r, P, BLOCK_D)
 
 
-@triton.jit(do_not_specialize=["num_rows", "num_requests", "search_steps", "ring_capacity", "num_tail_slots",
+@triton.jit(do_not_specialize=["num_rows", "num_requests", "ring_capacity", "num_tail_slots",
                                 "stride_k_t", "stride_gate_t", "stride_tail_blk", "stride_tail_plane",
                                 "stride_tail_c", "stride_positions_t", "stride_tail_slot_mapping_t"],
              do_not_specialize_on_alignment=["tail_ptr"])
 def _ring_write_kernel(
         k_ptr, gate_ptr, tail_ptr, positions_ptr, cum_query_lens_ptr, tail_slot_mapping_ptr,
-        num_rows, num_requests, search_steps, D, ring_capacity, num_tail_slots,
+        num_rows, num_requests, D, ring_capacity, num_tail_slots,
         stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
         stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
         stride_positions_t, stride_tail_slot_mapping_t, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Launch 2 (kpool-algorithm.md §5.4). ``k_ptr``, ``gate_ptr``, ``tail_ptr`` are int32
-    views of the fp32 tensors: the copy moves bit patterns (NaN payloads included)."""
+    views of the fp32 tensors: the copy moves bit patterns (NaN payloads included). The grid
+    walks only the rows that are stashed, never all ``T``: a tile's ``BLOCK_T`` lanes hold
+    ``per = min(C, BLOCK_T)`` consecutive rows of each of ``BLOCK_T // per`` requests' last ``C``
+    rows (``kpool.ops.plan.ring_write_plan``)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_t = tl.arange(0, BLOCK_T)
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < D
-    for tile in range(pid, tl.cdiv(num_rows, BLOCK_T), nprog):
-        rows = tile * BLOCK_T + offs_t
-        is_live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)
-        r = request_of_rows(rows, cum_query_lens_ptr, num_requests, search_steps)
-        end_r = tl.load(cum_query_lens_ptr + r)
-        near_end = is_live & (rows >= end_r - ring_capacity)     # only these rows read their metadata
+    per = tl.maximum(tl.minimum(ring_capacity, BLOCK_T), 1)
+    reqs = BLOCK_T // per
+    chunks = tl.cdiv(ring_capacity, per)
+    lane_req = offs_t // per
+    lane_row = offs_t - lane_req * per
+    for tile in range(pid, tl.cdiv(num_requests, reqs) * chunks, nprog):
+        group = tile // chunks
+        r = group * reqs + lane_req
+        has_req = (lane_req < reqs) & (r < num_requests)
+        span_start = tl.load(cum_query_lens_ptr + r - 1, mask=has_req & (r > 0), other=0)
+        span_end = tl.load(cum_query_lens_ptr + r, mask=has_req, other=0)
+        first = tl.maximum(span_start, span_end - ring_capacity)
+        rows = first + (tile - group * chunks) * per + lane_row
+        # the request's last C rows; padding rows (>= T_live) are never stashed (§5.5 FULL mode)
+        in_batch = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)
+        near_end = has_req & in_batch & (rows >= 0) & (rows < span_end)   # only these read their metadata
         pos = tl.load(positions_ptr + rows * stride_positions_t, mask=near_end, other=-1)
         tslot = tl.load(tail_slot_mapping_ptr + rows * stride_tail_slot_mapping_t, mask=near_end, other=-1)
-        valid = is_live & (rows >= end_r - ring_capacity) & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)
+        valid = near_end & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)
         ts32 = tl.where(valid, tslot.to(tl.int32), 0)
         blk = ts32 // ring_capacity
         sl = ts32 - blk * ring_capacity
@@ -443,11 +456,11 @@ def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, posi
         positions.stride(0), raw_seq_lens.stride(0), slot_mapping.stride(0), tail_block_table.stride(0),
         **first.constexprs, **first.options)
 
-    second = launch_plan.ring_write_plan(T, D, k.device, launch_options)
+    second = launch_plan.ring_write_plan(num_requests, C, D, k.device, launch_options)
     _ring_write_kernel[(second.grid,)](
         k.view(torch.int32), gate.view(torch.int32), tail_cache.view(torch.int32),
         positions, cum_query_lens, tail_slot_mapping,
-        T, num_requests, search_steps, D, C, num_tail_blocks * C,
+        T, num_requests, D, C, num_tail_blocks * C,
         k.stride(0), k.stride(1), gate.stride(0), gate.stride(1),
         tail_cache.stride(0), tail_cache.stride(1), tail_cache.stride(2), tail_cache.stride(3),
         positions.stride(0), tail_slot_mapping.stride(0),

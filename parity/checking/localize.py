@@ -87,7 +87,8 @@ def localize(rows: List[dict], case, meta, kbuf, kernel_forward, dev: torch.devi
         r.setdefault("position", pos[t])
         r.setdefault("request", bisect.bisect_right(cum, t))
         pid = program(programs.cache_update_program, t, num_rows=T, head_dim=D, index_kpool=P,
-                      kernel=kernel_name, backend=backend, device=dev, channel=int(r.get("channel") or 0))
+                      kernel=kernel_name, backend=backend, device=dev, channel=int(r.get("channel") or 0),
+                      cum_query_lens=cum, ring_capacity=C)
         if pid is not None:
             r["kernel"], r["program_id"] = kernel_name, pid
 

@@ -11,7 +11,8 @@ tile. They describe the launch; they never change it, and they read no private a
 * compression (launch 1), ``ops/compress.py``: tiles of ``BLOCK_J * P`` token rows of the ``T``
   rows x ``D_SPLIT`` channels (a tile inside one request compresses one pool per lane, any other
   walks its rows; launches of at most ``latency_rows`` rows take one pool's rows per tile);
-* ring write (launch 2): tiles of ``BLOCK_T`` token rows;
+* ring write (launch 2): tiles of ``BLOCK_T`` lanes over the last ``C`` rows of each request
+  (``per = min(C, BLOCK_T)`` rows of ``BLOCK_T // per`` requests a tile);
 * scoring, ``ops/score.py``: per score chunk (``kpool.indexer`` splits the rows into chunks of the
   key scratch; each chunk is its own launches), the decode kernel (requests of at most
   ``DECODE_ROWS`` rows: tile = request x a segment of its ``BLOCK_N``-pool blocks) or the prefill kernel (tile = one
@@ -42,7 +43,8 @@ def _on(backend: str, device):
 
 
 def cache_update_program(row: int, *, num_rows: int, head_dim: int, index_kpool: int, backend: str,
-                         kernel: str = "compress", package: str = "kpool", device=None, channel: int = 0) -> int:
+                         kernel: str = "compress", package: str = "kpool", device=None, channel: int = 0,
+                         cum_query_lens: Optional[Sequence[int]] = None, ring_capacity: int = 0) -> int:
     """Program of the compression (``kernel="compress"``) or ring-write (``"ring_write"``) launch
     that handles token ``row``.
 
@@ -53,8 +55,11 @@ def cache_update_program(row: int, *, num_rows: int, head_dim: int, index_kpool:
         kernel: ``"compress"`` (launch 1) or ``"ring_write"`` (launch 2).
         package: ``"kpool"`` or a planted-fault copy of it (:mod:`parity.implementations.mutants`).
         channel: the element's channel (compression tiles split the channels in ``D_SPLIT`` chunks).
+        cum_query_lens, ring_capacity: the step's ``[R]`` exclusive query ends and ``C`` (the ring
+            write's tiles are requests' last ``C`` rows; required for ``"ring_write"``).
     Raises:
-        ValueError: an unknown ``kernel``. ImportError: the package has no ``ops.plan``.
+        ValueError: an unknown ``kernel``, or ``"ring_write"`` without ``cum_query_lens`` /
+            ``ring_capacity``, or a row no request stashes. ImportError: the package has no ``ops.plan``.
     """
     if kernel not in ("compress", "ring_write"):
         raise ValueError(f"kernel must be 'compress' or 'ring_write', got {kernel!r}")
@@ -62,15 +67,23 @@ def cache_update_program(row: int, *, num_rows: int, head_dim: int, index_kpool:
     rows = int(num_rows)
     on = _on(backend, device)
     if kernel == "ring_write":
-        launch = plan.ring_write_plan(rows, head_dim, on)
-        per_tile = launch.constexprs["BLOCK_T"]
-    else:
-        launch = plan.compress_plan(rows, head_dim, index_kpool, on)
-        per_tile = launch.constexprs["BLOCK_J"] * launch.constexprs["P"]
-        split = launch.constexprs["D_SPLIT"]
-        chunks = -(-int(head_dim) // split)
-        return launch.program_of_tile((int(row) // per_tile) * chunks + int(channel) // split)
-    return launch.program_of_tile(int(row) // per_tile)
+        if cum_query_lens is None or ring_capacity < 1:
+            raise ValueError("the ring write's program needs cum_query_lens and ring_capacity")
+        cum = [int(c) for c in cum_query_lens]
+        r = bisect.bisect_right(cum, int(row))
+        if r >= len(cum):
+            raise ValueError(f"row {row} is past T_live = {cum[-1] if cum else 0}: no request stashes it")
+        first = max(cum[r - 1] if r > 0 else 0, cum[r] - int(ring_capacity))
+        if int(row) < first:
+            raise ValueError(f"row {row} is not among request {r}'s last {ring_capacity} rows")
+        launch = plan.ring_write_plan(len(cum), ring_capacity, head_dim, on)
+        return launch.program_of_tile(plan.ring_write_tile(r, int(row) - first, ring_capacity,
+                                                           launch.constexprs["BLOCK_T"]))
+    launch = plan.compress_plan(rows, head_dim, index_kpool, on)
+    per_tile = launch.constexprs["BLOCK_J"] * launch.constexprs["P"]
+    split = launch.constexprs["D_SPLIT"]
+    chunks = -(-int(head_dim) // split)
+    return launch.program_of_tile((int(row) // per_tile) * chunks + int(channel) // split)
 
 
 def expand_program(row: int, column: int, *, num_rows: int, width: int, backend: str,

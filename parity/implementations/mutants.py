@@ -43,13 +43,19 @@ MUTANTS = {
         "tail_col = tl.minimum(tail_start, index_topk)",
         "tail_col = tl.minimum(tail_start + 1, index_topk)",
         "wrong-tail"),
-    # the t < T_live guard of the cache-update kernels removed: padding rows with stale positive
-    # ring slots write the ring, §5.4 (stray-write where a stale slot hits a ring row nobody
-    # writes in that step; a ring-mismatch too when it clobbers a live row)
+    # the t < T_live guard of the cache-update kernels removed: the compression's live rows and
+    # the ring write's last request run to the graph-static T, so padding rows with stale
+    # positive ring slots write the ring, §5.4 (stray-write where a stale slot hits a ring row
+    # nobody writes in that step; a ring-mismatch too when it clobbers a live row)
     "padding-row-writes": (
-        "ops/_portable.py",
-        "return (rows < t_live) & (rows < num_rows)",
-        "return rows < num_rows",
+        "ops/compress.py",
+        ("live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)",
+         "in_batch = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)",
+         "span_end = tl.load(cum_query_lens_ptr + r, mask=has_req, other=0)"),
+        ("live = rows < num_rows",
+         "in_batch = rows < num_rows",
+         "span_end = tl.where(r == num_requests - 1, num_rows, "
+         "tl.load(cum_query_lens_ptr + r, mask=has_req, other=0))"),
         "stray-write"),
     # C01: the ring stash gated on the pool-granular slot_mapping (-1 for every token that is not
     # the last of its pool), §5.4: tokens inside a pool are never stashed, so a later chunk or
@@ -70,14 +76,18 @@ MUTANTS = {
         "+ positions % index_kpool, tail_slot_mapping); C = int(index_kpool)",
         "ring-mismatch"),
     # C17: padding rows' ring slot -1 used as an index: the ring write covers the graph-static T
-    # rows and checks only the upper bound of the slot, so slot -1 (block 0, row -1 after C
-    # division) writes before the ring, §5.4, §6 "FULL-mode padding" (two edits, one fault)
+    # rows (its last request runs to T) and checks only the upper bound of the slot, so slot -1
+    # (block 0, row -1 after C division) writes before the ring, §5.4, §6 "FULL-mode padding"
+    # (three edits, one fault)
     "padding-slot-minus-one": (
         "ops/compress.py",
-        ("valid = is_live & (rows >= end_r - ring_capacity) & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)",
-         "is_live = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)"),
-        ("valid = is_live & (rows >= end_r - ring_capacity) & (pos >= 0) & (tslot < num_tail_slots)",
-         "is_live = rows < num_rows"),
+        ("valid = near_end & (pos >= 0) & (tslot >= 0) & (tslot < num_tail_slots)",
+         "in_batch = live_rows(rows, num_rows, cum_query_lens_ptr, num_requests)",
+         "span_end = tl.load(cum_query_lens_ptr + r, mask=has_req, other=0)"),
+        ("valid = near_end & (pos >= 0) & (tslot < num_tail_slots)",
+         "in_batch = rows < num_rows",
+         "span_end = tl.where(r == num_requests - 1, num_rows, "
+         "tl.load(cum_query_lens_ptr + r, mask=has_req, other=0))"),
         "stray-write"),
     # Chunked scoring (§4.6): when the score scratch holds fewer rows than the step has live rows,
     # every chunk's selected pool ids and scores are written at rows [:n] of the top-k buffers

@@ -31,8 +31,8 @@ KERNEL_FAULTS = {
     "ring-write-gate-into-k-plane": ("ops/compress.py", "tl.store(tail_ptr + (dst + stride_tail_plane)[:, None]",
                                      "tl.store(tail_ptr + (dst + 0)[:, None]", "ring-mismatch"),
     # only the last C - 1 rows of a request stashed (span one short)
-    "ring-write-span-short": ("ops/compress.py", "near_end = is_live & (rows >= end_r - ring_capacity)",
-                              "near_end = is_live & (rows >= end_r - ring_capacity + 1)", "ring-mismatch"),
+    "ring-write-span-short": ("ops/compress.py", "first = tl.maximum(span_start, span_end - ring_capacity)",
+                              "first = tl.maximum(span_start, span_end - ring_capacity + 1)", "ring-mismatch"),
     # ---- request of a row (§3.4) ----------------------------------------------------------------
     # the first row of every request after the first attributed to the previous request
     "request-boundary": ("ops/_portable.py", "right = (lo < hi) & (end <= rows)",
@@ -87,9 +87,11 @@ KERNEL_FAULTS = {
     "chunk-last-skipped": ("indexer.py", "for row_start in range(0, T, rows_per_chunk):",
                            "for row_start in (range(0, T, rows_per_chunk)[:-1] or range(1)):", "wrong-index"),
     # ---- launch geometry: grid-stride iterations ----------------------------------------------
-    # the ring-write kernel walks only its first pass of tiles (CPU grid cap 4 x 256 rows)
-    "ring-write-one-pass": ("ops/compress.py", "for tile in range(pid, tl.cdiv(num_rows, BLOCK_T), nprog):",
-                            "for tile in range(pid, tl.minimum(tl.cdiv(num_rows, BLOCK_T), nprog), nprog):",
+    # the ring-write kernel walks only its first pass of tiles (CPU: 2 programs, a tile of 8
+    # lanes covers 8 // C requests' last C rows: any batch of more than 4 requests at C = 4; a
+    # device grid of 8 programs an SM covers every drawn batch in one pass: the CPU legs catch it)
+    "ring-write-one-pass": ("ops/compress.py", "for tile in range(pid, tl.cdiv(num_requests, reqs) * chunks, nprog):",
+                            "for tile in range(pid, tl.minimum(tl.cdiv(num_requests, reqs) * chunks, nprog), nprog):",
                             "missing-write"),
     # the expansion kernel walks only its first pass (its CPU grid covers every tile: device only)
     "expand-one-pass": ("ops/expand.py", "for tile in range(pid, n_row_blocks * n_col_blocks, nprog):",
