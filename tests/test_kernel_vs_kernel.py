@@ -122,22 +122,24 @@ def test_list_implementations_names_git_rev(capsys):
 
 @pytest.fixture(scope="module")
 def planted_clone(tmp_path_factory):
-    """A clone of this repository's HEAD plus 9 commits (:mod:`parity.verbs.planted_history`): 4
-    harmless, one that plants :data:`PLANT` in the kernels (HEAD~4), 4 harmless."""
+    """A clone of this repository's HEAD plus 3 commits (:mod:`parity.verbs.planted_history`): one
+    harmless, one that plants :data:`PLANT` in the kernels (HEAD~1), one harmless. One harmless
+    commit on each side is enough for bisect to have to tell the planted commit from both its
+    neighbours; each further commit costs a bisect step (a fresh process running the case)."""
     from parity.verbs.planted_history import plant_history
     if subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("not a git checkout")
     clone = tmp_path_factory.mktemp("kvk") / "clone"
-    revs = plant_history(str(clone), repo=ROOT, mutant=PLANT, before=4, after=4)
-    assert git(clone, "rev-parse", "HEAD~4").strip() == revs["planted"]
-    assert git(clone, "rev-parse", "HEAD~9").strip() == revs["base"]
+    revs = plant_history(str(clone), repo=ROOT, mutant=PLANT, before=1, after=1)
+    assert git(clone, "rev-parse", "HEAD~1").strip() == revs["planted"]
+    assert git(clone, "rev-parse", "HEAD~3").strip() == revs["base"]
     return clone
 
 
 @pytest.mark.integration
 def test_ab_of_identical_revisions_is_identical(planted_clone, monkeypatch, capsys, device):
     monkeypatch.setenv("KPOOL_GIT_REPO", str(planted_clone))
-    assert main(["ab", "--baseline", "git:HEAD~9", "--candidate", "git:HEAD~5", "--device", device, *SELECT]) == 0
+    assert main(["ab", "--baseline", "git:HEAD~3", "--candidate", "git:HEAD~2", "--device", device, *SELECT]) == 0
     out = capsys.readouterr().out
     assert "3 steps: 3 identical, 0 differ" in out and "IDENTICAL" in out
 
@@ -146,7 +148,7 @@ def test_ab_of_identical_revisions_is_identical(planted_clone, monkeypatch, caps
 def test_ab_against_a_revision_that_changed_a_kernel_reports_the_changed_outputs(planted_clone, monkeypatch, capsys,
                                                                                   device, tmp_path):
     monkeypatch.setenv("KPOOL_GIT_REPO", str(planted_clone))
-    assert main(["ab", "--baseline", "kpool", "--candidate", "git:HEAD~4", "--device", device, *SELECT,
+    assert main(["ab", "--baseline", "kpool", "--candidate", "git:HEAD~1", "--device", device, *SELECT,
                  "--report", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "3 of 3 steps differ" in out and "DIFFERS" in out
@@ -176,14 +178,14 @@ def test_golden_check_after_a_planted_fault_names_case_step_and_output(tmp_path,
 def test_bisect_finds_the_planted_commit_and_leaves_the_checkout(planted_clone, monkeypatch, capfd, device):
     monkeypatch.setenv("KPOOL_GIT_REPO", str(planted_clone))
     before = state(planted_clone)
-    assert main(["bisect", "HEAD~9", "HEAD", "--case", "prefill-tail", "--device", device]) == 0
+    assert main(["bisect", "HEAD~3", "HEAD", "--case", "prefill-tail", "--device", device]) == 0
     out = capfd.readouterr().out
-    planted = git(planted_clone, "rev-parse", "HEAD~4").strip()
+    planted = git(planted_clone, "rev-parse", "HEAD~1").strip()
     assert f"first revision where prefill-tail's outputs change: {planted}" in out
     assert f"planted kernel change: {PLANT}" in out and "MOVED prefill-tail[small] step 0 (prefill) indices" in out
     assert state(planted_clone) == before
     assert not os.path.exists(planted_clone / ".git" / "BISECT_START")
-    assert main(["bisect", "HEAD~9", "HEAD~5", "--case", "prefill-tail", "--device", device]) == 1
+    assert main(["bisect", "HEAD~3", "HEAD~2", "--case", "prefill-tail", "--device", device]) == 1
     assert "nothing to bisect" in capfd.readouterr().out
     assert state(planted_clone) == before
 

@@ -94,13 +94,18 @@ def _cli_report(tmp_path, jobs, device):
 
 @pytest.mark.integration
 def test_two_workers_merge_into_the_single_worker_report(tmp_path, device):
+    """On the CPU interpreter with two cores the two-worker run is ``--jobs auto`` (make parity's
+    default), which must then use two workers for this checkout's kernels: one run checks both
+    the merge and the auto worker count (test_jobs_auto_... checks the one-worker side)."""
+    from parity.sessions.session import AUTO_CPU_JOBS
     devices = parallel.visible_devices(device)
 
     def label(w):   # what worker w is pinned to: round robin over the visible devices (cpu: none)
         return device if device == "cpu" else f"{device}:{devices[w % len(devices)]}"
 
     rc1, one, t1 = _cli_report(tmp_path, 1, device)
-    rc2, two, t2 = _cli_report(tmp_path, 2, device)
+    auto = device == "cpu" and AUTO_CPU_JOBS == 2 and (os.cpu_count() or 1) >= 2
+    rc2, two, t2 = _cli_report(tmp_path, "auto" if auto else 2, device)
     assert rc1 == rc2 == 0
     assert set(one["worker"]) == {0} and set(one["worker_device"]) == {label(0)}
     assert set(two["worker"]) == {0, 1} and set(two["worker_device"]) == {label(0), label(1)}   # both ran cases
@@ -115,17 +120,14 @@ def test_two_workers_merge_into_the_single_worker_report(tmp_path, device):
 @pytest.mark.integration
 @pytest.mark.cpu        # an in-process --device cpu run: a compiled session imported the kernels compiled
 def test_jobs_auto_uses_two_cpu_workers_for_kpool_and_one_elsewhere(tmp_path, capsys):
-    """``--jobs auto`` (make parity's default): two interpreter workers for this checkout's kernels
-    on the CPU, one worker and no note for an implementation that cannot use more (isolated)."""
+    """``--jobs auto`` (make parity's default): one worker and no note for an implementation that
+    cannot use more (isolated). Its two interpreter workers for this checkout's kernels on the CPU
+    are checked by test_two_workers_merge_into_the_single_worker_report, whose two-worker run on
+    the CPU is ``--jobs auto`` (the same kpool run this test made, once less)."""
     from parity.cli import main
     from parity.sessions.session import AUTO_CPU_JOBS
     if (os.cpu_count() or 1) < AUTO_CPU_JOBS:
         pytest.skip("needs two cores")
-    rc = main(["run", "--device", "cpu", "--size", "small", "--case", *CASES, "--jobs", "auto",
-               "--report", str(tmp_path / "kpool")])
-    table = pd.read_csv(tmp_path / "kpool" / "results.csv")
-    assert rc == 0 and set(table["worker"]) == {0, 1}
-    capsys.readouterr()
     rc = main(["run", "--device", "cpu", "--size", "small", "--case", CASES[0], "--jobs", "auto",
                "--kernel", "tests.standin_impls:no_modes", "--report", str(tmp_path / "standin")])
     out = capsys.readouterr().out
