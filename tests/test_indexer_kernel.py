@@ -615,9 +615,9 @@ def test_helper_kernels_write_only_their_buffers():
              ("nonfinite", T, torch.int32))}
     p = plan.merge_heads_plan(T, D, DEV)
     merged._merge_heads_kernel[(p.grid,)](
-        q.view(torch.int16), q.stride(0), q.stride(1), q.stride(2), w.view(torch.int16), w.stride(0), w.stride(1),
-        bufs["split"][1], 3 * D, bufs["unit"][1], bufs["qbar"][1], D, bufs["nonfinite"][1], 0, T,
-        H=H, D=D, W_BF16=True, **p.constexprs, **p.options)
+        q.view(torch.int16), q.stride(0), q.stride(1), q.stride(2), w.view(torch.int16), 0, w.stride(0), w.stride(1), 1,
+        bufs["split"][1], 3 * D, D, bufs["unit"][1], bufs["qbar"][1], D, bufs["nonfinite"][1], 0, T,
+        H, D, **p.constexprs, **p.options)
     for name, (big, view) in bufs.items():
         assert _guards_intact(big, view.numel(), 7), name
     want = (w.float().cpu()[:, :, None] * q.float().cpu()).sum(1)          # exact data: any order

@@ -256,6 +256,23 @@ def load_f32(ptrs, mask, IS_BF16: tl.constexpr):
 
 
 @triton.jit
+def load_weight_f32(ptrs, mask, weight_words):
+    """Head weights widened exactly to fp32 from an int16 view of their storage, the dtype a
+    runtime int (one compiled variant for fp32 and bf16 weights: issue 20, fewer compilations):
+    ``weight_words == 1``, bf16 bits at ``ptrs``; ``2``, an fp32's low half at ``ptrs`` and its high
+    half at ``ptrs + 1`` (little-endian, as CUDA, Ascend and the interpreters' hosts). The fp32 bits
+    come back unchanged (NaN payloads too). Masked lanes are 0.0; ``mask`` None: every lane loads."""
+    wide = weight_words == 2
+    if mask is None:
+        low = tl.load(ptrs).to(tl.int32) & 0xFFFF
+        high = tl.load(ptrs + 1, mask=wide, other=0).to(tl.int32)
+    else:
+        low = tl.load(ptrs, mask=mask, other=0).to(tl.int32) & 0xFFFF
+        high = tl.load(ptrs + 1, mask=mask & wide, other=0).to(tl.int32)
+    return tl.where(wide, (high << 16) | low, low << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def split_bf16x3(x):
     """int16 bf16 bits ``(hi, mid, lo)`` with ``hi + mid + lo == x`` exactly for finite fp32 ``x``
     (``|x| >= 2^-110``; below, ``lo`` loses bits under 2^-133): ``hi`` is ``x`` truncated to bf16,

@@ -399,6 +399,18 @@ def _ring_write_kernel(
         tl.store(tail_ptr + (dst + stride_tail_plane)[:, None] + dims[None, :] * stride_tail_d, gv, mask=mask)
 
 
+def _unit_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its channels have unit stride and it starts 16-byte aligned (every serving
+    engine's projection output and APE parameter), else a contiguous copy: one input layout per
+    launch, so the compression and the ring write compile one variant of it, not one per inner
+    stride and start alignment (issue 20, fewer compilations). Row strides stay free."""
+    if t.stride(1) == 1 and t.data_ptr() % 16 == 0:
+        return t
+    copy = torch.empty(tuple(t.shape), dtype=t.dtype, device=t.device)    # strides (D, 1), even for D = 1
+    copy.copy_(t)
+    return copy
+
+
 def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, positions, cum_query_lens,
                              raw_seq_lens, slot_mapping, tail_block_table, tail_slot_mapping,
                              index_kpool: int, launch_options: dict | None = None) -> None:
@@ -442,6 +454,7 @@ def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, posi
     if cum_query_lens.stride(0) != 1:
         cum_query_lens = cum_query_lens.contiguous()   # request_of_rows reads it with unit stride
     search_steps = num_requests.bit_length()
+    k, gate, ape = _unit_rows(k), _unit_rows(gate), _unit_rows(ape)
     D = int(k.shape[1])
     N, B = int(compressed_cache.shape[0]), int(compressed_cache.shape[1])
     num_tail_blocks, C = int(tail_cache.shape[0]), int(tail_cache.shape[2])

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import plan as launch_plan
-from ._portable import bf16_bits_to_f32, int32_of, load_f32, split_bf16x3
+from ._portable import bf16_bits_to_f32, int32_of, load_weight_f32, split_bf16x3
 
 TINY_QBAR = tl.constexpr(2.0 ** -46)
 QBAR_SCALE = tl.constexpr(2.0 ** 64)
@@ -46,13 +46,16 @@ def merged_exact(qbar_ptrs, cache_ptr, cells, load_ok, stride_cache_d, D, DOT_F3
     return acc
 
 
-@triton.jit(do_not_specialize=["stride_q_t", "stride_q_h", "stride_weights_t", "stride_weights_h", "stride_split_t",
-                                "stride_qbar_t", "row_start", "num_rows"])
+# H, D and the weights' dtype are runtime values (issue 20, fewer compilations): one variant per
+# padded head dim DP and tile, whatever the heads, dims and weight dtype.
+@triton.jit(do_not_specialize=["stride_q_t", "stride_q_h", "weights_offset", "stride_weights_t", "stride_weights_h",
+                                "weight_words", "stride_split_t", "stride_split_h", "stride_qbar_t", "row_start",
+                                "num_rows", "H", "D"])
 def _merge_heads_kernel(
     q_ptr, stride_q_t, stride_q_h, stride_q_d,
-    weights_ptr, stride_weights_t, stride_weights_h,
-    split_ptr, stride_split_t, unit_ptr, qbar_ptr, stride_qbar_t, nonfinite_ptr, row_start, num_rows,
-    H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, W_BF16: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    weights_ptr, weights_offset, stride_weights_t, stride_weights_h, weight_words,
+    split_ptr, stride_split_t, stride_split_h, unit_ptr, qbar_ptr, stride_qbar_t, nonfinite_ptr, row_start, num_rows,
+    H, D, DP: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 ):
     """Score mode (M), first half (kpool-algorithm.md §4.2 (M), §11): ``qbar[t, d] = sum_h
     w[t, h] * q[t, h, d]`` sequentially over h from 0.0, the reference's order bit for bit, for
@@ -71,10 +74,10 @@ def _merge_heads_kernel(
         row_ok = rb * BLOCK_ROWS + local < num_rows
         mask = row_ok[:, None] & (dims < D)[None, :]
         q_ptrs = q_ptr + row0 * stride_q_t + local[:, None] * stride_q_t + dims[None, :] * stride_q_d
-        w_ptrs = weights_ptr + row0 * stride_weights_t + local * stride_weights_t
+        w_ptrs = weights_ptr + weights_offset + row0 * stride_weights_t + local * stride_weights_t
         qbar = tl.zeros([BLOCK_ROWS, DP], dtype=tl.float32)
         for h in range(H):
-            w_h = load_f32(w_ptrs + h * stride_weights_h, row_ok, W_BF16)
+            w_h = load_weight_f32(w_ptrs + h * stride_weights_h, row_ok, weight_words)
             q_h = bf16_bits_to_f32(tl.load(q_ptrs + h * stride_q_h, mask=mask, other=0))
             qbar = qbar + w_h[:, None] * q_h
         # A row whose |qbar| < 2^-46 is split scaled by 2^64 (exact), its unit weights set to 2^-64,
@@ -84,8 +87,8 @@ def _merge_heads_kernel(
         hi, mid, lo = split_bf16x3(tl.where(tiny[:, None], qbar * QBAR_SCALE, qbar))
         out = split_ptr + row0 * stride_split_t + local[:, None] * stride_split_t + dims[None, :]
         tl.store(out, hi, mask=mask)
-        tl.store(out + D, mid, mask=mask)
-        tl.store(out + 2 * D, lo, mask=mask)
+        tl.store(out + stride_split_h, mid, mask=mask)
+        tl.store(out + 2 * stride_split_h, lo, mask=mask)
         tl.store(qbar_ptr + row0 * stride_qbar_t + local[:, None] * stride_qbar_t + dims[None, :], qbar, mask=mask)
         bad = tl.sum(tl.where(mask & (qbar - qbar != 0), 1, 0), axis=1)                      # non-finite count
         tl.store(nonfinite_ptr + row0 + local, int32_of(bad), mask=row_ok)       # (int32_of: see _portable)
@@ -99,15 +102,16 @@ def merged_heads(q, weights, row_start: int, num_rows: int, launch_options):
     """Mode (M): ``(split bf16 [T, 3, D], weights fp32 [T, 3], qbar fp32 [T, D], nonfinite int32
     [T])`` for the rows of the chunk (:func:`_merge_heads_kernel`)."""
     T, H, D = q.shape
-    split = torch.zeros((T, 3, D), dtype=torch.bfloat16, device=q.device)
+    # rows padded to 8 elements: the score kernels read the split as 16-byte vectors (score._rows_of_vectors)
+    split = torch.zeros((T, 3, -(-D // 8) * 8), dtype=torch.bfloat16, device=q.device)[:, :, :D]
     unit = torch.ones((T, 3), dtype=torch.float32, device=q.device)
     qbar = torch.zeros((T, D), dtype=torch.float32, device=q.device)
     nonfinite = torch.zeros((T,), dtype=torch.int32, device=q.device)
-    w_bf16 = weights.dtype == torch.bfloat16
+    w_base, w_offset, (w_stride_t, w_stride_h), w_words = launch_plan.word_view(weights)
     merge = launch_plan.merge_heads_plan(num_rows, D, q.device, launch_options)
     _merge_heads_kernel[(merge.grid,)](
         q.view(torch.int16), q.stride(0), q.stride(1), q.stride(2),
-        weights.view(torch.int16) if w_bf16 else weights, weights.stride(0), weights.stride(1),
-        split.view(torch.int16), split.stride(0), unit, qbar, qbar.stride(0), nonfinite, row_start, num_rows,
-        H=H, D=D, W_BF16=w_bf16, **merge.constexprs, **merge.options)
+        w_base, w_offset, w_stride_t, w_stride_h, w_words,
+        split.view(torch.int16), split.stride(0), split.stride(1), unit, qbar, qbar.stride(0), nonfinite, row_start,
+        num_rows, H, D, **merge.constexprs, **merge.options)
     return split, unit, qbar, nonfinite

@@ -539,3 +539,17 @@ def vector_view(t: torch.Tensor, strides, max_vec: int):
         vec //= 2
     base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
     return base, t.storage_offset() // vec, [int(s) // vec for s in strides], vec
+
+
+def word_view(t: torch.Tensor):
+    """``t``'s storage from its start as int16 words, with ``t``'s offset and strides in words and
+    its words per element (1: bf16, 2: fp32), for kernels that widen either dtype at run time
+    (``kpool.ops._portable.load_weight_f32``): the storage start is aligned by the allocator, so
+    one compiled variant serves both dtypes and every offset and stride (issue 20).
+
+    Returns:
+        ``(base int16 1-D tensor, offset, [stride, ...], words)``, offset and strides in words.
+    """
+    words = t.element_size() // 2
+    base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0).view(torch.int16)
+    return base, t.storage_offset() * words, [int(s) * words for s in t.stride()], words
