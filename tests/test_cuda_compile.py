@@ -104,13 +104,14 @@ def _combos():
                {"BLOCK_T": cuda["ring_write"]["cuda"]["BLOCK_T"], "BLOCK_D": plan.next_pow2(D)},
                {"k_ptr": "*i32", "gate_ptr": "*i32", "tail_ptr": "*i32"},
                {"num_warps": cuda["ring_write"]["cuda"]["num_warps"]})
-    # q always reads as 8-element vectors (score._rows_of_vectors); weights through int16 words
-    for H, D, mode in [(2, 16, 0), (3, 16, 1), (32, 128, 0), (32, 128, 1), (1, 1, 0), (20, 32, 0)]:
-        common = dict(MODE=mode, D_FULL=D == max(plan.MIN_DOT, plan.next_pow2(D)), WIDE=False,
+    # q always reads as 8-element vectors (score._rows_of_vectors)
+    for H, D, mode, wbf16 in [(2, 16, 0, False), (3, 16, 1, True), (32, 128, 0, False), (32, 128, 1, True),
+                              (1, 1, 0, False), (20, 32, 0, True)]:
+        common = dict(MODE=mode, W_BF16=wbf16, D_FULL=D == max(plan.MIN_DOT, plan.next_pow2(D)), WIDE=False,
                       DECODE_ROWS=plan.DECODE_ROWS,
                       DOT_F32=False, VQ=8, VC=8 if D >= 8 else D,
                       DP=max(plan.MIN_DOT, plan.next_pow2(D)))
-        w = {"weights_ptr": "*i16"}
+        w = {"weights_ptr": "*i16"} if wbf16 else {}
         dec, pre = cuda["score_decode"]["cuda"], cuda["score_prefill"]["cuda"]
         # both loop orders at the GLM shape (MTP verify: key tile outer), rows outer elsewhere
         for outer in (False, True) if H == 32 else (False,):

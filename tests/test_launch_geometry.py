@@ -317,3 +317,101 @@ def test_explicit_launch_options_pass_through_unchanged(hw):
     for name in ("_score_decode_kernel", "_score_prefill_kernel"):
         kw = _only(kernels, name)[2]
         assert kw["num_warps"] == 2 and kw["enable_fp_fusion"] is False and "num_stages" not in kw
+
+
+# ------------------------------------------------------------------------------ one layout per launch
+
+def _score_calls(hw, q=None, weights=None, cache=None, mode="relu"):
+    """The CUDA launches of one ``score_keys`` call on these inputs (the rest as ``_score``)."""
+    kernels = hw.use("cuda")
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(ROWS, H, D, generator=g).bfloat16() if q is None else q
+    sc.score_keys(q=q, weights=torch.randn(ROWS, H, generator=g) if weights is None else weights,
+                  compressed_cache=torch.zeros(4, 16, 1, D, dtype=torch.bfloat16) if cache is None else cache,
+                  positions=torch.arange(100, 100 + ROWS), cum_query_lens=torch.tensor([2, 4, ROWS], dtype=torch.int32),
+                  seq_lens=torch.tensor([MPS] * 3, dtype=torch.int32),
+                  block_table=torch.arange(4, dtype=torch.int32)[None].expand(3, 4), max_pool_seq_len=MPS,
+                  index_kpool=P, score_mode=mode, row_start=0, num_rows=ROWS, keys=torch.empty(ROWS, MPS, dtype=torch.int64))
+    return kernels
+
+
+def _q_layouts():
+    q = torch.randn(ROWS, H, D, generator=torch.Generator().manual_seed(1)).bfloat16()
+    inner = torch.zeros(ROWS, H, D, 2, dtype=torch.bfloat16)
+    inner[..., 0] = q
+    flat = torch.zeros(3 + q.numel(), dtype=torch.bfloat16)
+    flat[3:] = q.flatten()
+    rows = torch.zeros(ROWS, H * D + 5, dtype=torch.bfloat16)
+    rows[:, :H * D] = q.flatten(1)
+    return {"contiguous": q, "inner stride 2": inner[..., 0], "offset 3": flat[3:].view(ROWS, H, D),
+            "rows padded by 5": rows[:, :H * D].view(ROWS, H, D)}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "inner stride 2", "offset 3", "rows padded by 5"])
+@pytest.mark.parametrize("mode", ["relu", "merged"])
+def test_score_kernels_see_one_query_layout(hw, layout, mode):
+    """Any q view reaches both score kernels (and the head merge) as 8-element vectors with a unit
+    inner stride from an aligned start, holding q's values: one compiled layout (issue 20)."""
+    q = _q_layouts()[layout]
+    kernels = _score_calls(hw, q=q, mode=mode)
+    for name in ("_score_decode_kernel", "_score_prefill_kernel"):
+        _, args, kwargs = _only(kernels, name)
+        base, offset, stride_t, stride_h, stride_d = args[:5]
+        assert (kwargs["VQ"], stride_d, base.data_ptr() % 16) == (8, 1, 0), (name, kwargs["VQ"], stride_d)
+        if mode == "relu":
+            seen = base.view(torch.bfloat16).as_strided(q.shape, (stride_t * 8, stride_h * 8, 1), offset * 8)
+            assert torch.equal(seen.view(torch.int16), q.view(torch.int16))
+    if mode == "merged":
+        _, args, _ = _only(kernels, "_merge_heads_kernel")
+        assert args[0].data_ptr() % 16 == 0 and args[3] == 1
+        assert torch.equal(args[0].as_strided(q.shape, args[1:4]), q.view(torch.int16))
+
+
+@pytest.mark.parametrize("pad, vc", [(0, 8), (2, 1), (4, 1), (8, 8), (1, 1)])
+def test_cache_vector_width_is_one_or_eight(hw, pad, vc):
+    """A cache whose pages are padded by 2 or 4 elements is read as scalars (VC = 1), not as 2- or
+    4-element vectors: two compiled variants fewer; the strides then count elements."""
+    pages = torch.zeros(4, 16 * D + pad, dtype=torch.bfloat16)
+    cache = pages[:, :16 * D].view(4, 16, 1, D)
+    kernels = _score_calls(hw, cache=cache)
+    _, args, kwargs = _only(kernels, "_score_decode_kernel")
+    assert kwargs["VC"] == vc
+    offset, stride_n, stride_b = args[9], args[10], args[11]
+    assert (offset * vc, stride_n * vc, stride_b * vc) == (0, 16 * D + pad, D)
+
+
+def test_head_merge_compiles_one_variant_for_both_weight_dtypes(hw):
+    """The head merge reads fp32 and bf16 weights through int16 words, their dtype a runtime int:
+    the same constexprs and argument types either way (issue 20, fewer compilations)."""
+    w = torch.randn(ROWS, H, generator=torch.Generator().manual_seed(2))
+    seen = []
+    for weights in (w, w.bfloat16(), w.t().contiguous().t()):
+        _, args, kwargs = _only(_score_calls(hw, weights=weights, mode="merged"), "_merge_heads_kernel")
+        base, offset, stride_t, stride_h, words = args[4:9]
+        assert base.dtype == torch.int16 and base.data_ptr() % 16 == 0
+        assert words == weights.element_size() // 2
+        assert (offset, stride_t, stride_h) == (0, weights.stride(0) * words, weights.stride(1) * words)
+        seen.append(tuple(sorted(kwargs.items())))
+    assert seen[0] == seen[1] == seen[2]
+
+
+def test_compression_inputs_reach_the_kernels_unit_strided_and_aligned(hw):
+    """k with an inner stride of 2, gate one element past an aligned start, APE transposed: both
+    kernels get unit inner strides from 16-byte aligned starts, holding the same values."""
+    T, D_ = 12, 16
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(T, D_, 2, generator=g)[..., 0]
+    gate = torch.randn(1 + T * D_, generator=g)[1:].view(T, D_)
+    ape = torch.randn(D_, P, generator=g).t()
+    kernels = hw.use("cuda")
+    cm.compress_and_write_cache(
+        k=k, gate=gate, ape=ape, compressed_cache=torch.zeros(8, 4, 1, D_, dtype=torch.bfloat16),
+        tail_cache=torch.zeros(3, 2, 7, D_), positions=torch.arange(T), cum_query_lens=torch.tensor([T], dtype=torch.int32),
+        raw_seq_lens=torch.tensor([T], dtype=torch.int32), slot_mapping=torch.full((T,), -1),
+        tail_block_table=torch.zeros(1, 1, dtype=torch.int32), tail_slot_mapping=torch.full((T,), -1), index_kpool=P)
+    _, args, _ = _only(kernels, "_compress_kernel")
+    for seen, want, inner in ((args[0], k, args[19]), (args[1], gate, args[21]), (args[2], ape, args[23])):
+        assert inner == 1 and seen.stride(1) == 1 and seen.data_ptr() % 16 == 0 and torch.equal(seen, want)
+    _, args, _ = _only(kernels, "_ring_write_kernel")
+    assert (args[12], args[14]) == (1, 1)
+    assert torch.equal(args[0].view(torch.float32), k) and torch.equal(args[1].view(torch.float32), gate)

@@ -46,14 +46,13 @@ import triton.language as tl
 
 from ..errors import KPoolConfigError, KPoolDtypeError, KPoolShapeError
 from . import plan as launch_plan
-from ._portable import (KEY_LOWEST, KEY_LOWEST_C, int32_of, load_bf16_operand, load_weight_f32, request_of_rows,
+from ._portable import (KEY_LOWEST, KEY_LOWEST_C, int32_of, load_bf16_operand, load_f32, request_of_rows,
                         score_key_hi, visible_pools)
 from .merged import merged_exact, merged_heads, merged_needs_exact
 
 SCORE_MODES = {"relu": 0, "merged": 1}
 
-_NO_SPECIALIZE = ["q_offset", "stride_q_t", "stride_q_h", "weights_offset", "stride_weights_t", "stride_weights_h",
-                  "weight_words", "cache_offset",
+_NO_SPECIALIZE = ["q_offset", "stride_q_t", "stride_q_h", "stride_weights_t", "stride_weights_h", "cache_offset",
                   "stride_cache_n", "stride_cache_b", "num_pages", "page_size", "num_requests",
                   "stride_block_table_r", "stride_block_table_m", "block_table_width", "stride_keys_t", "row_start",
                   "num_rows", "max_pool_seq_len",
@@ -63,13 +62,14 @@ _CONFIG_RUNTIME = ["H", "D", "P"]
 # padded tiles (HP, DP) and whether D fills DP (D_FULL: no channel mask, plain vector loads) are
 # compile-time, so every configuration with the same padded shape shares one variant.
 # Runtime sizes and outer strides are not specialized, so a stream of batches compiles one
-# variant per padded configuration (HP, DP, D_FULL, mode) and cache vector width only. q and the
+# variant per padded configuration (HP, DP, D_FULL, mode, weight dtype) and cache vector width only. q and the
 # cache arrive as their storage start (aligned by the allocator) with offsets and strides in units
 # of VQ / VC (``kpool.ops.plan.vector_view``): rows are provably VQ/VC-aligned, so the key and
 # query tiles load as 16-byte vectors although no stride is specialized. q is always VQ = 8 with a
-# unit inner stride (a layout that is not is copied first: ``_rows_of_vectors``); the weights come
-# as int16 words with their dtype a runtime int (``_portable.load_weight_f32``). Addressing only,
-# same math.
+# unit inner stride (a layout that is not is copied first: ``_rows_of_vectors``). The weight dtype
+# stays compile-time here: a runtime dtype (``_portable.load_weight_f32``, as the head merge reads
+# them) cost MTP=3 verify 5 % on the H200 (0.360 -> 0.379 ms, the per-row load in the key-tile
+# loop). Addressing only, same math.
 
 
 @triton.jit
@@ -127,15 +127,14 @@ def _load_key_tile(cache_ptr, block_table_ptr, r, pools, ok, dims, D, page_size,
 
 
 @triton.jit
-def _load_query_row(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr, weights_offset,
-                    stride_weights_t, stride_weights_h, weight_words, t, heads, dims, H, D, VQ: tl.constexpr,
+def _load_query_row(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr, stride_weights_t,
+                    stride_weights_h, t, heads, dims, H, D, VQ: tl.constexpr, W_BF16: tl.constexpr,
                     DOT_F32: tl.constexpr):
     """Row ``t``'s query as the dot's ``[DP, HP]`` operand and its fp32 head weights ``[HP]``."""
     q_t = load_bf16_operand(q_ptr + (q_offset + t.to(tl.int64) * stride_q_t) * VQ
                             + heads[None, :] * (stride_q_h * VQ) + dims[:, None] * stride_q_d,
                             (dims < D)[:, None] & (heads < H)[None, :], DOT_F32)
-    w = load_weight_f32(weights_ptr + weights_offset + t.to(tl.int64) * stride_weights_t + heads * stride_weights_h,
-                        heads < H, weight_words)
+    w = load_f32(weights_ptr + t.to(tl.int64) * stride_weights_t + heads * stride_weights_h, heads < H, W_BF16)
     return q_t, w
 
 
@@ -169,13 +168,13 @@ def _exact_and_store(score, needs_exact, qbar_row_ptr, cache_ptr, cells, load_ok
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ["num_segments"] + _CONFIG_RUNTIME)
 def _score_decode_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
-    weights_ptr, weights_offset, stride_weights_t, stride_weights_h, weight_words,
+    weights_ptr, stride_weights_t, stride_weights_h,
     cache_ptr, cache_offset, stride_cache_n, stride_cache_b, stride_cache_d, num_pages, page_size,
     positions_ptr, cum_query_lens_ptr, seq_lens_ptr, num_requests,
     block_table_ptr, stride_block_table_r, stride_block_table_m, block_table_width,
     keys_ptr, stride_keys_t,
     row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, num_segments, H, D, P,
-    MODE: tl.constexpr, D_FULL: tl.constexpr,
+    MODE: tl.constexpr, W_BF16: tl.constexpr, D_FULL: tl.constexpr,
     WIDE: tl.constexpr, VQ: tl.constexpr, VC: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr,
     BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr, KEY_TILE_OUTER: tl.constexpr,
 ):
@@ -242,8 +241,8 @@ def _score_decode_kernel(
                         vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
                         load_ok = pools < vis       # this row's own visible pools
                         q_t, w = _load_query_row(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr,
-                                                 weights_offset, stride_weights_t, stride_weights_h, weight_words,
-                                                 t, heads, dims, H, D, VQ, DOT_F32)
+                                                 stride_weights_t, stride_weights_h, t, heads, dims, H, D, VQ, W_BF16,
+                                                 DOT_F32)
                         # Each score cell depends on its own key row only, so the key rows this row
                         # does not see (loaded for a longer row) change none of its visible cells.
                         s = tl.dot(key_tile, q_t, input_precision="ieee")                   # [BLOCK_N, HP]
@@ -266,8 +265,8 @@ def _score_decode_kernel(
                     t = lo + i                      # (a tensor on every backend: the interpreter's range yields ints)
                     vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
                     q_t, w = _load_query_row(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr,
-                                             weights_offset, stride_weights_t, stride_weights_h, weight_words,
-                                             t, heads, dims, H, D, VQ, DOT_F32)
+                                             stride_weights_t, stride_weights_h, t, heads, dims, H, D, VQ, W_BF16,
+                                             DOT_F32)
                     for pb in range(pb_first, pb_end):
                         pools = pb * BLOCK_N + offs_n
                         load_ok = pools < vis
@@ -329,13 +328,13 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, sea
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ["search_steps"] + _CONFIG_RUNTIME)
 def _score_prefill_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
-    weights_ptr, weights_offset, stride_weights_t, stride_weights_h, weight_words,
+    weights_ptr, stride_weights_t, stride_weights_h,
     cache_ptr, cache_offset, stride_cache_n, stride_cache_b, stride_cache_d, num_pages, page_size,
     positions_ptr, cum_query_lens_ptr, seq_lens_ptr, num_requests,
     block_table_ptr, stride_block_table_r, stride_block_table_m, block_table_width,
     keys_ptr, stride_keys_t,
     row_start, num_rows, max_pool_seq_len, qbar_ptr, stride_qbar_t, nonfinite_ptr, block_ends_ptr, search_steps,
-    H, D, P, MODE: tl.constexpr, D_FULL: tl.constexpr,
+    H, D, P, MODE: tl.constexpr, W_BF16: tl.constexpr, D_FULL: tl.constexpr,
     WIDE: tl.constexpr, VQ: tl.constexpr, VC: tl.constexpr, DP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr,
 ):
@@ -384,7 +383,7 @@ def _score_prefill_kernel(
             local = tl.minimum(offs_m, q_hi - 1 - row0).to(tl.int64)
             q_ptrs = (q_ptr + (q_offset + row0.to(tl.int64) * stride_q_t) * VQ + local[:, None] * (stride_q_t * VQ)
                       + dims[None, :] * stride_q_d)
-            w_ptrs = weights_ptr + weights_offset + (row0 + local) * stride_weights_t
+            w_ptrs = weights_ptr + (row0 + local) * stride_weights_t
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for h in range(3 if MODE == 1 else H):     # mode (M): qbar's three parts (a constant trip count)
                 if D_FULL:
@@ -392,10 +391,7 @@ def _score_prefill_kernel(
                 else:
                     q_h = load_bf16_operand(q_ptrs + h * (stride_q_h * VQ), (dims < D)[None, :], DOT_F32)
                 s = tl.dot(q_h, key_t, input_precision="ieee")                              # [BLOCK_M, BLOCK_N]
-                if MODE == 1:       # the merged mode's unit weights are fp32 (merged_heads): fewer registers
-                    w_h = load_weight_f32(w_ptrs + h * stride_weights_h, None, 2)
-                else:
-                    w_h = load_weight_f32(w_ptrs + h * stride_weights_h, None, weight_words)
+                w_h = load_f32(w_ptrs + h * stride_weights_h, None, W_BF16)
                 # Heads in order, from 0.0, as the reference; w * relu(s) written as a select of
                 # two products (the same bits: relu keeps NaN and -0.0, w * 0.0 keeps an infinite
                 # or NaN weight's NaN), which keeps fewer registers live than ReLU then product.
@@ -506,7 +502,8 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
         H = 3
     else:   # unused placeholders of the merged-mode fallback
         qbar, nonfinite = keys, cum_query_lens
-    w_base, w_offset, (w_stride_t, w_stride_h), w_words = launch_plan.word_view(weights)
+    w_bf16 = weights.dtype == torch.bfloat16
+    w_arg = weights.view(torch.int16) if w_bf16 else weights
     span = 1 + sum((s - 1) * st for s, st in zip(compressed_cache.shape, compressed_cache.stride()))
     decode = launch_plan.score_decode_plan(R, max_pool_seq_len, H, D, q.device, launch_options, num_rows=num_rows)
     # The interpreter gets int16 views (its dots run in fp32 from the bits); compiled backends
@@ -518,9 +515,9 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
         cache_arg, (compressed_cache.stride(0), compressed_cache.stride(1)), 8)
     if vc not in (1, 8):   # 2 or 4 (never a serving layout): scalar loads, two variants fewer
         cache_offset, stride_cache_n, stride_cache_b, vc = cache_offset * vc, stride_cache_n * vc, stride_cache_b * vc, 1
-    common = dict(H=H, D=D, P=int(index_kpool), MODE=SCORE_MODES[score_mode],
+    common = dict(H=H, D=D, P=int(index_kpool), MODE=SCORE_MODES[score_mode], W_BF16=w_bf16,
                   D_FULL=D == decode.constexprs["DP"], WIDE=span >= 2 ** 31, VQ=vq, VC=vc)
-    args = (q_base, q_offset, stride_q_t, stride_q_h, q.stride(2), w_base, w_offset, w_stride_t, w_stride_h, w_words,
+    args = (q_base, q_offset, stride_q_t, stride_q_h, q.stride(2), w_arg, weights.stride(0), weights.stride(1),
             cache_base, cache_offset, stride_cache_n, stride_cache_b, compressed_cache.stride(3), N, B,
             positions, cum_query_lens, seq_lens, R,
             block_table, block_table.stride(0), block_table.stride(1), block_table.shape[1],

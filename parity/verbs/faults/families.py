@@ -27,8 +27,8 @@ FAMILY_FAULTS = {
     # ---- family 2: strided layouts -------------------------------------------------------------
     # the score kernels assume a unit head stride of weights (an [H, T] buffer viewed as [T, H]
     # is then read across rows)
-    "weights-head-stride-ignored": ("ops/score.py", "w_base, w_offset, w_stride_t, w_stride_h, w_words,",
-                                    "w_base, w_offset, w_stride_t, w_words, w_words,", "wrong-index"),
+    "weights-head-stride-ignored": ("ops/score.py", "w_arg, weights.stride(0), weights.stride(1),",
+                                    "w_arg, weights.stride(0), 1,", "wrong-index"),
     # the score kernels assume q rows are packed (row stride = heads x head stride)
     "q-rows-assumed-packed": ("ops/score.py", "launch_plan.vector_view(q_arg, (q.stride(0), q.stride(1)), 8)",
                               "launch_plan.vector_view(q_arg, (q.shape[1] * q.stride(1), q.stride(1)), 8)",
