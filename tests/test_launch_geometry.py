@@ -331,7 +331,8 @@ def _score_calls(hw, q=None, weights=None, cache=None, mode="relu"):
                   positions=torch.arange(100, 100 + ROWS), cum_query_lens=torch.tensor([2, 4, ROWS], dtype=torch.int32),
                   seq_lens=torch.tensor([MPS] * 3, dtype=torch.int32),
                   block_table=torch.arange(4, dtype=torch.int32)[None].expand(3, 4), max_pool_seq_len=MPS,
-                  index_kpool=P, score_mode=mode, row_start=0, num_rows=ROWS, keys=torch.empty(ROWS, MPS, dtype=torch.int64))
+                  index_kpool=P, score_mode=mode, row_start=0, num_rows=ROWS,
+                  keys=torch.empty(ROWS, MPS, dtype=torch.int64))
     return kernels
 
 
@@ -406,7 +407,8 @@ def test_compression_inputs_reach_the_kernels_unit_strided_and_aligned(hw):
     kernels = hw.use("cuda")
     cm.compress_and_write_cache(
         k=k, gate=gate, ape=ape, compressed_cache=torch.zeros(8, 4, 1, D_, dtype=torch.bfloat16),
-        tail_cache=torch.zeros(3, 2, 7, D_), positions=torch.arange(T), cum_query_lens=torch.tensor([T], dtype=torch.int32),
+        tail_cache=torch.zeros(3, 2, 7, D_), positions=torch.arange(T),
+        cum_query_lens=torch.tensor([T], dtype=torch.int32),
         raw_seq_lens=torch.tensor([T], dtype=torch.int32), slot_mapping=torch.full((T,), -1),
         tail_block_table=torch.zeros(1, 1, dtype=torch.int32), tail_slot_mapping=torch.full((T,), -1), index_kpool=P)
     _, args, _ = _only(kernels, "_compress_kernel")

@@ -261,7 +261,9 @@ def load_weight_f32(ptrs, mask, weight_words):
     runtime int (one compiled variant for fp32 and bf16 weights: issue 20, fewer compilations):
     ``weight_words == 1``, bf16 bits at ``ptrs``; ``2``, an fp32's low half at ``ptrs`` and its high
     half at ``ptrs + 1`` (little-endian, as CUDA, Ascend and the interpreters' hosts). The fp32 bits
-    come back unchanged (NaN payloads too). Masked lanes are 0.0; ``mask`` None: every lane loads."""
+    come back unchanged (NaN payloads too). Masked lanes are 0.0; ``mask`` None: every lane loads.
+    kpool-algorithm.md §4.2 (weights fp32 or bf16, upcast to fp32); pointers from
+    ``kpool.ops.plan.word_view``."""
     wide = weight_words == 2
     if mask is None:
         low = tl.load(ptrs).to(tl.int32) & 0xFFFF

@@ -547,8 +547,15 @@ def word_view(t: torch.Tensor):
     (``kpool.ops._portable.load_weight_f32``): the storage start is aligned by the allocator, so
     one compiled variant serves both dtypes and every offset and stride (issue 20).
 
+    Args:
+        t: a bf16 or fp32 tensor (any shape and strides), e.g. head weights ``[T, H]`` (kpool-algorithm.md
+            §4.2: fp32 or bf16, upcast to fp32).
+
     Returns:
         ``(base int16 1-D tensor, offset, [stride, ...], words)``, offset and strides in words.
+
+    Raises:
+        Nothing: the caller checks the dtype (a 1-byte dtype would give ``words == 0``).
     """
     words = t.element_size() // 2
     base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0).view(torch.int16)

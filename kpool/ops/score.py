@@ -514,7 +514,8 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
     cache_base, cache_offset, (stride_cache_n, stride_cache_b), vc = launch_plan.vector_view(
         cache_arg, (compressed_cache.stride(0), compressed_cache.stride(1)), 8)
     if vc not in (1, 8):   # 2 or 4 (never a serving layout): scalar loads, two variants fewer
-        cache_offset, stride_cache_n, stride_cache_b, vc = cache_offset * vc, stride_cache_n * vc, stride_cache_b * vc, 1
+        cache_offset, stride_cache_n, stride_cache_b = cache_offset * vc, stride_cache_n * vc, stride_cache_b * vc
+        vc = 1
     common = dict(H=H, D=D, P=int(index_kpool), MODE=SCORE_MODES[score_mode], W_BF16=w_bf16,
                   D_FULL=D == decode.constexprs["DP"], WIDE=span >= 2 ** 31, VQ=vq, VC=vc)
     args = (q_base, q_offset, stride_q_t, stride_q_h, q.stride(2), w_arg, weights.stride(0), weights.stride(1),
