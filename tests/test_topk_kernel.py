@@ -50,17 +50,8 @@ def _adversarial(n: int, seed: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
-@pytest.fixture(params=["resident", "by-chunks"])
-def select_variant(request, monkeypatch):
-    """Both select variants on the interpreter: the resident one (tie words and keys in registers)
-    and the throughput one (re-read by chunks, a running compaction offset), whatever the rows."""
-    tune = dict(plan.TUNING["topk_select"]["cpu"], chunk_rows=10 ** 9 if request.param == "resident" else 0)
-    monkeypatch.setitem(plan.TUNING["topk_select"], "cpu", tune)
-    return request.param
-
-
 @pytest.mark.parametrize("n", [1, 16, 23, 257, 2100])
-def test_select_topk_kernel_equals_the_stable_sort(n, select_variant):
+def test_select_topk_kernel_equals_the_stable_sort(n):
     scores = _adversarial(n, n)
     keys = topk.canonical_keys(scores)
     for selected in sorted({1, min(5, n), n // 2 or 1, n}):
@@ -69,7 +60,7 @@ def test_select_topk_kernel_equals_the_stable_sort(n, select_variant):
 
 
 @pytest.mark.parametrize("n", [40, 700])
-def test_any_unique_keys_give_torch_topk(n, select_variant):
+def test_any_unique_keys_give_torch_topk(n):
     """Keys that are not canonical (the low word any value, not ``-1 - pool``; few high words, so
     ties cross the K-th place): still the K largest, in descending order, as ``torch.topk``."""
     gen = torch.Generator().manual_seed(n)
@@ -82,7 +73,7 @@ def test_any_unique_keys_give_torch_topk(n, select_variant):
         assert torch.equal(got, torch.topk(keys, selected, dim=1).values), selected
 
 
-def test_live_rows_only_and_buffers_given(select_variant):
+def test_live_rows_only_and_buffers_given():
     """Rows at or past T_live (read on the device) are left as they were; the result lands in the
     given ``out`` rows, compacted through the given ``work`` rows."""
     gen = torch.Generator().manual_seed(7)
@@ -100,9 +91,8 @@ def test_live_rows_only_and_buffers_given(select_variant):
 
 @pytest.mark.parametrize("backend", ["cuda", "npu"], ids=["plan-for-cuda", "plan-for-npu"])
 def test_compiled_plans_use_few_shapes_and_fall_back_past_them(backend):
-    """Compiled backends: two select tiles (and, on CUDA, the throughput variant of the larger one
-    when there are more rows than cores) and a fixed set of ranking widths cover every shape (one
-    compile each); rows wider than the largest tile, or K above the largest width, return
+    """Compiled backends: two select tiles and a fixed set of ranking widths cover every shape
+    (one compile each); rows wider than the largest tile, or K above the largest width, return
     None (the caller's torch.topk fallback)."""
     shapes = set()
     tune = plan.TUNING["topk_select"][backend]
@@ -117,17 +107,6 @@ def test_compiled_plans_use_few_shapes_and_fall_back_past_them(backend):
     assert plan.topk_plans(4096, 300, 8, backend, cores=8) is not None    # no row limit: any score chunk
     assert plan.topk_plans(4, 10 ** 4, plan.TUNING["topk_order"][backend]["KP_SIZES"][-1] + 1, backend,
                            cores=8) is None
-
-
-def test_cuda_takes_the_throughput_select_only_for_more_rows_than_sms():
-    """The register-light select (re-read by chunks) only when a second wave of rows would wait for
-    a program slot: more rows than SMs, the large tile. Chosen from host ints (graph-safe)."""
-    def chunk(rows, width):
-        return plan.topk_plans(rows, width, 512, "cuda", cores=132)[0].constexprs["CHUNK"]
-    assert chunk(1, 16384) == chunk(64, 16384) == chunk(132, 16384) == 0          # decode: one row an SM
-    assert chunk(133, 16384) == chunk(16384, 16384) == plan.TUNING["topk_select"]["cuda"]["CHUNK"]
-    assert chunk(16384, 2048) == 0                                                # the small tile
-    assert plan.topk_plans(16384, 4096, 512, "npu", cores=24)[0].constexprs["CHUNK"] == 0   # never on an NPU
 
 
 def test_fallback_equals_the_kernel(monkeypatch):

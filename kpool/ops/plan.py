@@ -89,13 +89,9 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # back to torch.topk on the keys (the same result).
     # Every score chunk takes the kernels on the H200 since the compaction is one scan (1024 x
     # 16384, K 512: 0.35 ms against torch.topk's 0.57; docs/kernels.md).
-    # CHUNK: the throughput variant (tie words and keys re-read by chunks of CHUNK lanes instead of
-    # held: at 16384 lanes 64 registers instead of 128, two programs an SM on the H200), taken when
-    # there are more rows than cores (cpu: than chunk_rows, in CHUNK_PARTS chunks a row) and at
-    # least chunk_lanes lanes a row (the small tile holds few keys a thread anyway); 0: never.
-    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2, CHUNK=1024, chunk_lanes=8192),
-                    "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1, CHUNK=0),
-                    "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT, CHUNK_PARTS=4, chunk_rows=4)},
+    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2),
+                    "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1),
+                    "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT)},
     "topk_order": {"cuda": dict(KP_SIZES=(128, 512, 2048), lanes=16384, per_core=8, num_warps=4),
                    "npu": dict(KP_SIZES=(128, 512, 1024), lanes=8192, per_core=1),
                    "cpu": dict(KP_SIZES=(), lanes=2 ** 20, cap=GRID_LIMIT)},
@@ -509,13 +505,8 @@ def _topk(backend, cores, options, explicit, num_rows, width, selected):
     chunk = max(1, min(kp, order["lanes"] // kp))
     # cuda: a warp per 1024 resident keys, 4..16 (H200, 64 x 16384: 16 warps 39 us, 32 warps 44)
     warps = dict(num_warps=max(4, min(16, nt * t // 1024))) if backend == "cuda" else {}
-    lanes, rows_above = nt * t, sel.get("chunk_rows", cores)
-    by_chunks = lanes // sel["CHUNK_PARTS"] if "CHUNK_PARTS" in sel else sel["CHUNK"]
-    if rows_above is None or num_rows <= rows_above or not 0 < by_chunks < lanes \
-            or lanes < sel.get("chunk_lanes", 0):
-        by_chunks = 0                     # the resident variant: one scan, no re-reads
     first = _make("topk_select", num_rows, backend, cores, options, explicit,
-                  dict(NT=nt, T=t, CHUNK=by_chunks), **warps)
+                  dict(NT=nt, T=t), **warps)
     second = _make("topk_order", num_rows * cdiv(selected, chunk), backend, cores, options, explicit,
                    dict(KP=kp, CHUNK=chunk))
     return first, second

@@ -48,65 +48,16 @@ def _count(cond):
     return int32_of(tl.sum(tl.where(cond, 1, 0)))
 
 
-@triton.jit
-def _tie_low(image_row, cols, width, v):
-    """The low words (sign bit flipped: unsigned order as signed) of the row's keys at ``cols``
-    whose image is ``v`` (the ties at the K-th place), INT32_MIN elsewhere; read from the row."""
-    img = tl.load(image_row + 2 * cols, mask=cols < width, other=INT32_MIN_C)
-    tie = (img == v) & (cols < width)
-    return tl.where(tie, tl.load(image_row - 1 + 2 * cols, mask=tie, other=0) ^ INT32_MIN_C, INT32_MIN_C)
-
-
-@triton.jit
-def _fix_ties_and_compact_by_chunks(keys_row, image_row, work_row, width, selected, v, at_v, need, lanes,
-                                    CHUNK: tl.constexpr):
-    """The throughput variant's tie fix-up and compaction (the same choices as the resident ones of
-    :func:`_select_kernel`): every pass and the compaction re-read the row in chunks of ``CHUNK``
-    lanes (cache-resident) instead of holding the tie words and the keys in registers, and the
-    compaction carries a running offset from chunk to chunk."""
-    part = tl.arange(0, CHUNK)
-    u = INT32_MIN_C
-    if at_v > selected:
-        at_u = 0
-        for c0 in range(0, width, CHUNK):
-            at_u += _count(_tie_low(image_row, c0 + part, width, v) >= 0)
-        u = tl.where(at_u >= need, 0, INT32_MIN_C)
-        at_u = tl.where(at_u >= need, at_u, lanes)
-        for b in range(0, 31):
-            if at_u != need:
-                cand = u | (1 << (30 - b))
-                n = 0
-                for c0 in range(0, width, CHUNK):
-                    n += _count(_tie_low(image_row, c0 + part, width, v) >= cand)
-                u = tl.where(n >= need, cand, u)
-                at_u = tl.where(n >= need, n, at_u)
-    offset = 0
-    for c0 in range(0, width, CHUNK):
-        cols = c0 + part
-        img = tl.load(image_row + 2 * cols, mask=cols < width, other=INT32_MIN_C)
-        chosen = (img >= v) & (cols < width)
-        if at_v > selected:
-            chosen = (img > v) | (_tie_low(image_row, cols, width, v) >= u)
-        flag = tl.where(chosen, 1, 0)
-        slot = offset + int32_of(tl.cumsum(flag, axis=0)) - 1
-        key = tl.load(keys_row + cols, mask=chosen, other=0)
-        tl.store(work_row + slot, key, mask=chosen & (slot < selected))
-        offset += _count(chosen)
-
-
 @triton.jit(do_not_specialize=["stride_keys_t", "stride_work_t", "num_requests", "row_start", "num_rows", "width",
                                 "selected"])
 def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, cum_query_lens_ptr, num_requests,
                    row_start, num_rows, width, selected,
-                   NT: tl.constexpr, T: tl.constexpr, CHUNK: tl.constexpr):
+                   NT: tl.constexpr, T: tl.constexpr):
     """Launch 1 of :func:`select_topk`: the ``selected`` largest keys of each live row of
     ``keys_ptr`` (int64 ``[num_rows, >= width]``, unit column stride; ``image_ptr`` the same
     memory as int32, whose odd elements are the keys' high words, little-endian), compacted in
     pool order into ``work_ptr`` (int64 ``[num_rows, >= selected]``). Row ``i`` is batch row
-    ``row_start + i``; rows at or past ``T_live`` are skipped. ``CHUNK == 0``: the tie words and
-    the keys are held in registers (latency: one scan); else only the images are, and the tie
-    fix-up and the compaction go by chunks (:func:`_fix_ties_and_compact_by_chunks`; throughput:
-    fewer registers, more programs an SM). The same keys either way."""
+    ``row_start + i``; rows at or past ``T_live`` are skipped."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     col = tl.arange(0, NT * T)                                             # pool ids (1-D: one-level reductions)
@@ -129,42 +80,34 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
                 n = _count(image >= cand)
                 v = tl.where(n >= selected, cand, v)
                 at_v = tl.where(n >= selected, n, at_v)
-        if CHUNK != 0:   # (a constexpr: one of the two is compiled)
-            need = 0
-            if at_v > selected:
-                need = selected - _count(image > v)
-            _fix_ties_and_compact_by_chunks(keys_row, image_row, work_ptr + tl.cast(i, tl.int64) * stride_work_t,
-                                            width, selected, v, at_v, need, NT * T, CHUNK)
-        else:
-            # Ties at v beyond the K-th: keep the largest low words (0xFFFFFFFF - pool: the lowest
-            # ids), as many as need. u = the largest int32 with #(tie & low >= u) >= need, low being
-            # the low word with its sign bit flipped (unsigned order as signed), bit by bit again;
-            # skipped when every pool at v is selected (at_v == selected: no tie crosses the K-th place).
-            chosen = (image >= v) & (col < width)
-            if at_v > selected:
-                need = selected - _count(image > v)
-                tie = (image == v) & (col < width)
-                # INT32_MIN off the ties: never counted, since every candidate is above it
-                low = tl.where(tie, tl.load(image_row - 1 + 2 * col, mask=tie, other=0) ^ INT32_MIN_C,
-                               INT32_MIN_C)
-                at_u = _count(low >= 0)
-                u = tl.where(at_u >= need, 0, INT32_MIN_C)
-                at_u = tl.where(at_u >= need, at_u, NT * T)
-                for b in range(0, 31):
-                    if at_u != need:     # as above: u already separates the kept ties
-                        cand = u | (1 << (30 - b))
-                        n = _count(low >= cand)
-                        u = tl.where(n >= need, cand, u)
-                        at_u = tl.where(n >= need, n, at_u)
-                # u is above INT32_MIN (fewer than all ties are kept, their low words differ): `low >= u`
-                # holds on kept ties only
-                chosen = (image > v) | (low >= u)
-            # Compaction: exactly `selected` lanes are chosen; each goes to its exclusive prefix count
-            # (one exact int32 scan over the resident row), its key read from the cache-resident row.
-            slot = int32_of(tl.cumsum(tl.where(chosen, 1, 0), axis=0)) - 1
-            key = tl.load(keys_row + col, mask=chosen, other=0)
-            # (slot < selected: only keys that are not unique could choose more; never written past the row)
-            tl.store(work_ptr + tl.cast(i, tl.int64) * stride_work_t + slot, key, mask=chosen & (slot < selected))
+        # Ties at v beyond the K-th: keep the largest low words (0xFFFFFFFF - pool: the lowest
+        # ids), as many as need. u = the largest int32 with #(tie & low >= u) >= need, low being
+        # the low word with its sign bit flipped (unsigned order as signed), bit by bit again;
+        # skipped when every pool at v is selected (at_v == selected: no tie crosses the K-th place).
+        chosen = (image >= v) & (col < width)
+        if at_v > selected:
+            need = selected - _count(image > v)
+            tie = (image == v) & (col < width)
+            # INT32_MIN off the ties: never counted, since every candidate is above it
+            low = tl.where(tie, tl.load(image_row - 1 + 2 * col, mask=tie, other=0) ^ INT32_MIN_C, INT32_MIN_C)
+            at_u = _count(low >= 0)
+            u = tl.where(at_u >= need, 0, INT32_MIN_C)
+            at_u = tl.where(at_u >= need, at_u, NT * T)
+            for b in range(0, 31):
+                if at_u != need:     # as above: u already separates the kept ties
+                    cand = u | (1 << (30 - b))
+                    n = _count(low >= cand)
+                    u = tl.where(n >= need, cand, u)
+                    at_u = tl.where(n >= need, n, at_u)
+            # u is above INT32_MIN (fewer than all ties are kept, their low words differ): `low >= u`
+            # holds on kept ties only
+            chosen = (image > v) | (low >= u)
+        # Compaction: exactly `selected` lanes are chosen; each goes to its exclusive prefix count
+        # (one exact int32 scan over the resident row), its key read from the cache-resident row.
+        slot = int32_of(tl.cumsum(tl.where(chosen, 1, 0), axis=0)) - 1
+        key = tl.load(keys_row + col, mask=chosen, other=0)
+        # (slot < selected: only keys that are not unique could choose more; never written past the row)
+        tl.store(work_ptr + tl.cast(i, tl.int64) * stride_work_t + slot, key, mask=chosen & (slot < selected))
 
 
 @triton.jit(do_not_specialize=["stride_work_t", "stride_out_t", "num_requests", "row_start", "num_rows",
