@@ -197,6 +197,14 @@ def test_vector_view_divides_offsets_and_strides_by_the_common_alignment():
     assert plan.vector_view(backing[4:4 + 96].view(-1, 12), (12,), 8)[3] == 4
 
 
+@pytest.mark.parametrize("last", [1, 3, 8, 13])
+def test_vector_rows_read_as_eight_element_vectors(last):
+    """Rows of any length, padded in the buffer: every row starts on an 8-element boundary, zeros."""
+    t = plan.vector_rows((5, 3, last), torch.bfloat16, "cpu")
+    assert t.shape == (5, 3, last) and t.stride(2) == 1 and not t.any()
+    assert plan.vector_view(t, (t.stride(0), t.stride(1)), 8)[3] == 8
+
+
 # ------------------------------------------------------------------------------ launchers
 
 P, H, D, K_TOK, ROWS, MPS = 4, 2, 16, 8, 24, 64

@@ -103,7 +103,7 @@ def merged_heads(q, weights, row_start: int, num_rows: int, launch_options):
     [T])`` for the rows of the chunk (:func:`_merge_heads_kernel`)."""
     T, H, D = q.shape
     # rows padded to 8 elements: the score kernels read the split as 16-byte vectors (score._rows_of_vectors)
-    split = torch.zeros((T, 3, -(-D // 8) * 8), dtype=torch.bfloat16, device=q.device)[:, :, :D]
+    split = launch_plan.vector_rows((T, 3, D), torch.bfloat16, q.device)
     unit = torch.ones((T, 3), dtype=torch.float32, device=q.device)
     qbar = torch.zeros((T, D), dtype=torch.float32, device=q.device)
     nonfinite = torch.zeros((T,), dtype=torch.int32, device=q.device)

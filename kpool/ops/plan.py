@@ -558,5 +558,25 @@ def word_view(t: torch.Tensor):
         Nothing: the caller checks the dtype (a 1-byte dtype would give ``words == 0``).
     """
     words = t.element_size() // 2
-    base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0).view(torch.int16)
-    return base, t.storage_offset() * words, [int(s) * words for s in t.stride()], words
+    base, offset, strides, _ = vector_view(t, t.stride(), 1)
+    return base.view(torch.int16), offset * words, [s * words for s in strides], words
+
+
+def vector_rows(shape, dtype, device, vec: int = 8) -> torch.Tensor:
+    """Zeros of ``shape`` whose rows (the last dim) start every ``vec`` elements: a view of a buffer
+    padded past ``shape[-1]`` to a multiple of ``vec`` (never read), so :func:`vector_view` of it
+    gives ``vec`` whatever the last dim. Used for the score kernels' query operands (q ``[T, H, D]``
+    copies, the merged mode's bf16 split ``[T, 3, D]``; kpool-algorithm.md §4.2).
+
+    Args:
+        shape: the view's shape (last dim = row length, in elements). dtype, device: the buffer's.
+        vec: the row alignment, in elements.
+
+    Returns:
+        A zero tensor of ``shape``, unit last stride, other strides multiples of ``vec``.
+
+    Raises:
+        Nothing of its own (torch's allocation errors).
+    """
+    padded = torch.zeros((*shape[:-1], -(-shape[-1] // vec) * vec), dtype=dtype, device=device)
+    return padded[..., :shape[-1]]

@@ -442,7 +442,7 @@ def _rows_of_vectors(q: torch.Tensor) -> torch.Tensor:
     width and inner stride."""
     if q.stride(2) == 1 and all(v % 8 == 0 for v in (q.storage_offset(), q.stride(0), q.stride(1))):
         return q
-    padded = q.new_zeros((*q.shape[:2], -(-q.shape[2] // 8) * 8))[:, :, :q.shape[2]]
+    padded = launch_plan.vector_rows(q.shape, q.dtype, q.device)
     padded.copy_(q)
     return padded
 
