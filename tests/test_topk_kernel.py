@@ -91,22 +91,57 @@ def test_live_rows_only_and_buffers_given():
 
 @pytest.mark.parametrize("backend", ["cuda", "npu"], ids=["plan-for-cuda", "plan-for-npu"])
 def test_compiled_plans_use_few_shapes_and_fall_back_past_them(backend):
-    """Compiled backends: two select tiles and a fixed set of ranking widths cover every shape
-    (one compile each); rows wider than the largest tile, or K above the largest width, return
-    None (the caller's torch.topk fallback)."""
+    """Compiled backends: two select tiles and the ranking tiles of ``CH_SIZES`` cover every shape
+    (one compile each); rows wider than the largest tile return None (the caller's torch.topk
+    fallback); any K is ranked (its blocks loop at run time)."""
     shapes = set()
     tune = plan.TUNING["topk_select"][backend]
+    order = plan.TUNING["topk_order"][backend]
     for width in (w for w in (1, 300, 2048, 2049, 4096, 9000, 16384) if w <= tune["NT_MAX"] * tune["T"]):
         for selected in (1, 64, 512):
-            first, second = plan.topk_plans(64, width, min(selected, width), backend, cores=8)
-            shapes.add((tuple(sorted(first.constexprs.items())), tuple(sorted(second.constexprs.items()))))
-            assert first.constexprs["NT"] * first.constexprs["T"] >= width
-            assert second.constexprs["KP"] >= min(selected, width)
-    assert len({s[0] for s in shapes}) <= 2 and len({s[1] for s in shapes}) <= 2
+            for rows in (1, 64, 4096):
+                first, second = plan.topk_plans(rows, width, min(selected, width), backend, cores=8)
+                shapes.add((tuple(sorted(first.constexprs.items())), tuple(sorted(second.constexprs.items()))))
+                assert first.constexprs["NT"] * first.constexprs["T"] >= width
+                assert second.constexprs == dict(KB=order["KB"], CH=second.constexprs["CH"])
+                assert second.constexprs["CH"] in order["CH_SIZES"]
+    assert len({s[0] for s in shapes}) <= 2 and len({s[1] for s in shapes}) <= len(order["CH_SIZES"])
     assert plan.topk_plans(4, tune["NT_MAX"] * tune["T"] + 1, 8, backend, cores=8) is None
     assert plan.topk_plans(4096, 300, 8, backend, cores=8) is not None    # no row limit: any score chunk
-    assert plan.topk_plans(4, 10 ** 4, plan.TUNING["topk_order"][backend]["KP_SIZES"][-1] + 1, backend,
-                           cores=8) is None
+    assert plan.topk_plans(4, 4000, 3001, backend, cores=8) is not None  # no K limit
+
+
+def test_ranking_tiles_narrow_for_few_rows():
+    """cuda: a decode batch's rows are ranked in narrow tiles (enough tiles for every core), a
+    prefill chunk's in the widest."""
+    sizes = plan.TUNING["topk_order"]["cuda"]["CH_SIZES"]
+    few = plan.topk_plans(64, 16384, 512, "cuda", cores=132)[1]
+    many = plan.topk_plans(2048, 16384, 512, "cuda", cores=132)[1]
+    assert few.constexprs["CH"] == min(sizes) and many.constexprs["CH"] == max(sizes)
+
+
+@pytest.mark.parametrize("kb,ch", [(16, 16), (16, 32), (32, 16), (32, 128)])
+def test_order_kernel_ranks_across_blocks_and_tiles(kb, ch):
+    """The ranking launch alone, at the compiled backends' block and tile sizes (the interpreter's
+    own plan takes one block a row): work rows in any order, K not a multiple of either, keys at
+    both int64 ends, live rows only; each row comes out in descending key order."""
+    gen = torch.Generator().manual_seed(kb * 1000 + ch)
+    rows, width = 5, 200
+    work = torch.randint(-2 ** 62, 2 ** 62, (rows, width), generator=gen) * 2 + 1     # odd: unique ends below
+    work[0, 3], work[0, 7] = -2 ** 63, 2 ** 63 - 1
+    work[1] = torch.randperm(width, generator=gen) - 99                               # small, dense
+    for selected in (1, kb - 1, kb + 1, ch + 3, width):
+        row_keys = torch.stack([r[torch.randperm(width, generator=gen)[:selected]] for r in work])
+        assert all(len(set(r.tolist())) == selected for r in row_keys)
+        out = torch.full((rows, selected), 7, dtype=torch.int64)
+        cum = torch.tensor([2, 4], dtype=torch.int32)                                 # T_live = 4
+        w, o = row_keys.contiguous().to(DEV), out.to(DEV)
+        tiles = rows * -(-selected // ch)
+        topk._order_kernel[(min(tiles, 3),)](w, w.stride(0), o, o.stride(0), cum.to(DEV), 2, 0, rows, selected,
+                                             KB=kb, CH=ch)
+        got = o.cpu()
+        assert torch.equal(got[:4], torch.sort(row_keys[:4], dim=1, descending=True).values), selected
+        assert (got[4] == 7).all()
 
 
 def test_fallback_equals_the_kernel(monkeypatch):

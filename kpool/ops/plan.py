@@ -85,16 +85,18 @@ TUNING: Dict[str, Dict[str, dict]] = {
                     "cpu": dict(BLOCK_ROWS=64, cap=4)},
     # Exact top-k (kpool.ops.topk): a row of at most NT_MAX * T pools sits in registers as an
     # [NT, T] tile (NT in {NT_MIN, NT_MAX} on compiled backends: two shapes); the K selected are
-    # ordered in chunks of CHUNK rows x KP columns (KP from KP_SIZES). Wider rows / larger K fall
-    # back to torch.topk on the keys (the same result).
+    # ranked in tiles of CH keys (the largest of CH_SIZES that still gives `tiles_per_core` tiles a
+    # core), against blocks of KB keys. Wider rows fall back to torch.topk on the keys (the same
+    # result). H200, 2048 rows x K 512: KB 32 / CH 512 101.5 us against 204.9 for the tiles of
+    # 32 keys x 512 columns before (docs/kernels.md, "Ranking in registers").
     # Every score chunk takes the kernels on the H200 since the compaction is one scan (1024 x
     # 16384, K 512: 0.35 ms against torch.topk's 0.57; docs/kernels.md).
     "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2),
                     "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1),
                     "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT)},
-    "topk_order": {"cuda": dict(KP_SIZES=(128, 512, 2048), lanes=16384, per_core=8, num_warps=4),
-                   "npu": dict(KP_SIZES=(128, 512, 1024), lanes=8192, per_core=1),
-                   "cpu": dict(KP_SIZES=(), lanes=2 ** 20, cap=GRID_LIMIT)},
+    "topk_order": {"cuda": dict(KB=32, CH_SIZES=(128, 512), tiles_per_core=4, per_core=8, num_warps=4),
+                   "npu": dict(KB=32, CH_SIZES=(256,), tiles_per_core=1, per_core=1),
+                   "cpu": dict(KB=0, CH_SIZES=(), lanes=2 ** 20, cap=GRID_LIMIT)},
     "expand": {"cuda": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=8, num_warps=4),
                "npu": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=1),
                "cpu": dict(BLOCK_ROWS=16, BLOCK_COLS=256, cap=GRID_LIMIT)},
@@ -484,8 +486,11 @@ def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=
 
     ``topk_select``: one row per tile, held as an ``[NT, T]`` register tile (``NT * T >= width``;
     compiled backends use ``T`` fixed and ``NT`` in ``{NT_MIN, NT_MAX}``, so two shapes cover
-    every width; the interpreter shrinks both to the row). ``topk_order``: tiles of (row,
-    ``CHUNK`` selected keys) ranked against all ``KP >= selected`` keys of the row."""
+    every width; the interpreter shrinks both to the row). ``topk_order``: tiles of (row, ``CH``
+    selected keys), each ranked against the row's ``selected`` keys in blocks of ``KB``; compiled
+    backends take the largest ``CH`` of ``CH_SIZES`` that leaves ``tiles_per_core`` tiles a core
+    (a decode batch: narrow tiles over many cores; a prefill chunk: wide ones), the interpreter
+    one ``[KP, KP]`` block a row (``KP = next_pow2(selected)``, at most ``lanes`` compares)."""
     return _cached_plan(_topk, ("topk_select", "topk_order"), (int(num_rows), int(width), int(selected)), device,
                         launch_options, cores)
 
@@ -495,20 +500,22 @@ def _topk(backend, cores, options, explicit, num_rows, width, selected):
     if backend == "cpu":
         t = max(MIN_DOT, min(128, next_pow2(cdiv(max(width, 1), MIN_DOT))))
         nt = max(sel["NT_MIN"], next_pow2(cdiv(width, t)))
-        kp = max(MIN_DOT, next_pow2(selected))
+        kb = max(MIN_DOT, next_pow2(selected))
+        ch = max(1, min(kb, order["lanes"] // kb))
     else:
         t = sel["T"]
         nt = sel["NT_MIN"] if width <= sel["NT_MIN"] * t else sel["NT_MAX"]
-        kp = next((k for k in order["KP_SIZES"] if k >= selected), None)
-    if nt > sel["NT_MAX"] or nt * t < width or kp is None or selected < 1:
+        kb, sizes = order["KB"], order["CH_SIZES"]
+        enough = order["tiles_per_core"] * (cores or 1)
+        ch = next((c for c in sorted(sizes, reverse=True) if num_rows * cdiv(selected, c) >= enough), min(sizes))
+    if nt > sel["NT_MAX"] or nt * t < width or selected < 1:
         return None
-    chunk = max(1, min(kp, order["lanes"] // kp))
     # cuda: a warp per 1024 resident keys, 4..16 (H200, 64 x 16384: 16 warps 39 us, 32 warps 44)
     warps = dict(num_warps=max(4, min(16, nt * t // 1024))) if backend == "cuda" else {}
     first = _make("topk_select", num_rows, backend, cores, options, explicit,
                   dict(NT=nt, T=t), **warps)
-    second = _make("topk_order", num_rows * cdiv(selected, chunk), backend, cores, options, explicit,
-                   dict(KP=kp, CHUNK=chunk))
+    second = _make("topk_order", num_rows * cdiv(selected, ch), backend, cores, options, explicit,
+                   dict(KB=kb, CH=ch))
     return first, second
 
 

@@ -21,12 +21,13 @@ no atomics, no histogram op: platform-numerics.md §6.1), only integer compares,
    exclusive prefix count, one scan over the resident block: compacted in pool order into a
    work row.
 2. :func:`_order_kernel`: each compacted key's rank is the number of the row's K keys above it
-   (keys are unique: a permutation); the key is stored at its rank.
+   (keys are unique: a permutation), counted block by block in registers; the key is stored at
+   its rank. Any ``K`` (the blocks loop at run time).
 
 Rows past ``T_live = cum_query_lens[R - 1]`` (read on the device) are skipped; their output rows
 are left as they were (the expansion never reads them). A row wider than the plan's register
-tile, or a ``K`` above its largest ``KP`` (``kpool.ops.plan.topk_plans`` returns ``None``), falls
-back to ``torch.topk`` on the keys: the same result.
+tile (``kpool.ops.plan.topk_plans`` returns ``None``) falls back to ``torch.topk`` on the keys:
+the same result.
 
 The torch helpers (:func:`canonical_keys`, :func:`key_pool_ids`, :func:`key_scores`,
 :func:`key_valid`) are the host-side twins used by tests and by :func:`score_pools`.
@@ -40,6 +41,8 @@ import triton.language as tl
 from ..errors import KPoolDtypeError, KPoolShapeError
 from . import plan as launch_plan
 from ._portable import FLT_MAX, INT32_MIN, INT32_MIN_C, KEY_LOWEST, LOWEST, int32_of
+
+INT64_MIN_C = tl.constexpr(-2 ** 63)
 
 
 @triton.jit
@@ -113,24 +116,30 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
 @triton.jit(do_not_specialize=["stride_work_t", "stride_out_t", "num_requests", "row_start", "num_rows",
                                 "selected"])
 def _order_kernel(work_ptr, stride_work_t, out_ptr, stride_out_t, cum_query_lens_ptr, num_requests,
-                  row_start, num_rows, selected, KP: tl.constexpr, CHUNK: tl.constexpr):
+                  row_start, num_rows, selected, KB: tl.constexpr, CH: tl.constexpr):
     """Launch 2 of :func:`select_topk`: each of a row's ``selected`` compacted keys goes to
     ``out_ptr`` (int64 ``[num_rows, >= selected]``) at its rank, the number of the row's keys
-    above it (keys are unique). Tile = (live row, ``CHUNK`` of its keys)."""
+    above it (keys are unique). Tile = (live row, ``CH`` of its keys); the row's keys come in
+    blocks of ``KB`` as ``[KB, CH]`` compares summed over the block axis, which the CUDA layout
+    keeps inside each thread (no shuffles: docs/kernels.md, "Ranking in registers")."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    every = tl.arange(0, KP)
-    local = tl.arange(0, CHUNK)
+    block = tl.arange(0, KB)
+    local = tl.arange(0, CH)
     live = tl.minimum(num_rows, tl.load(cum_query_lens_ptr + num_requests - 1) - row_start)
-    chunks = tl.cdiv(selected, CHUNK)
+    chunks = tl.cdiv(selected, CH)
     for tile in range(pid, live * chunks, nprog):
         i = tile // chunks
-        mine = (tile - i * chunks) * CHUNK + local
+        mine = (tile - i * chunks) * CH + local
         work = work_ptr + tl.cast(i, tl.int64) * stride_work_t
-        keys = tl.load(work + every, mask=every < selected, other=0)
         key = tl.load(work + mine, mask=mine < selected, other=0)
-        rank = tl.sum(tl.where((every < selected)[None, :] & (keys[None, :] > key[:, None]), 1, 0), axis=1)
-        tl.store(out_ptr + tl.cast(i, tl.int64) * stride_out_t + int32_of(rank), key, mask=mine < selected)
+        rank = tl.zeros([CH], dtype=tl.int32)
+        for b in range(0, tl.cdiv(selected, KB)):
+            j = b * KB + block
+            # past `selected`: INT64_MIN, above no key (a key equal to it is not above it either)
+            above = tl.load(work + j, mask=j < selected, other=INT64_MIN_C)
+            rank += int32_of(tl.sum(tl.where(above[:, None] > key[None, :], 1, 0), axis=0))
+        tl.store(out_ptr + tl.cast(i, tl.int64) * stride_out_t + rank, key, mask=mine < selected)
 
 
 def select_topk(keys: torch.Tensor, selected: int, *, out=None, work=None, cum_query_lens=None, row_start: int = 0,
