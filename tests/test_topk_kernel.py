@@ -103,9 +103,8 @@ def test_compiled_plans_use_few_shapes_and_fall_back_past_them(backend):
                 first, second = plan.topk_plans(rows, width, min(selected, width), backend, cores=8)
                 shapes.add((tuple(sorted(first.constexprs.items())), tuple(sorted(second.constexprs.items()))))
                 assert first.constexprs["NT"] * first.constexprs["T"] >= width
-                assert second.constexprs == dict(KB=order["KB"], CH=second.constexprs["CH"])
-                assert second.constexprs["CH"] in order["CH_SIZES"]
-    assert len({s[0] for s in shapes}) <= 2 and len({s[1] for s in shapes}) <= len(order["CH_SIZES"])
+                assert (second.constexprs["KB"], second.constexprs["CH"]) in order["TILES"]
+    assert len({s[0] for s in shapes}) <= 2 and len({s[1] for s in shapes}) <= len(order["TILES"])
     assert plan.topk_plans(4, tune["NT_MAX"] * tune["T"] + 1, 8, backend, cores=8) is None
     assert plan.topk_plans(4096, 300, 8, backend, cores=8) is not None    # no row limit: any score chunk
     assert plan.topk_plans(4, 4000, 3001, backend, cores=8) is not None  # no K limit
@@ -114,13 +113,14 @@ def test_compiled_plans_use_few_shapes_and_fall_back_past_them(backend):
 def test_ranking_tiles_narrow_for_few_rows():
     """cuda: a decode batch's rows are ranked in narrow tiles (enough tiles for every core), a
     prefill chunk's in the widest."""
-    sizes = plan.TUNING["topk_order"]["cuda"]["CH_SIZES"]
-    few = plan.topk_plans(64, 16384, 512, "cuda", cores=132)[1]
-    many = plan.topk_plans(2048, 16384, 512, "cuda", cores=132)[1]
-    assert few.constexprs["CH"] == min(sizes) and many.constexprs["CH"] == max(sizes)
+    tiles = plan.TUNING["topk_order"]["cuda"]["TILES"]
+    for rows, want in ((1, tiles[-1]), (64, tiles[-1]), (2048, tiles[0])):
+        got = plan.topk_plans(rows, 16384, 512, "cuda", cores=132)[1].constexprs
+        assert (got["KB"], got["CH"]) == want, rows
+    assert min(t[1] for t in tiles) == tiles[-1][1] and max(t[1] for t in tiles) == tiles[0][1]
 
 
-@pytest.mark.parametrize("kb,ch", [(16, 16), (16, 32), (32, 16), (32, 128)])
+@pytest.mark.parametrize("kb,ch", [(16, 16), (16, 32), (32, 16), (32, 128), (128, 32)])
 def test_order_kernel_ranks_across_blocks_and_tiles(kb, ch):
     """The ranking launch alone, at the compiled backends' block and tile sizes (the interpreter's
     own plan takes one block a row): work rows in any order, K not a multiple of either, keys at

@@ -85,18 +85,20 @@ TUNING: Dict[str, Dict[str, dict]] = {
                     "cpu": dict(BLOCK_ROWS=64, cap=4)},
     # Exact top-k (kpool.ops.topk): a row of at most NT_MAX * T pools sits in registers as an
     # [NT, T] tile (NT in {NT_MIN, NT_MAX} on compiled backends: two shapes); the K selected are
-    # ranked in tiles of CH keys (the largest of CH_SIZES that still gives `tiles_per_core` tiles a
-    # core), against blocks of KB keys. Wider rows fall back to torch.topk on the keys (the same
-    # result). H200, 2048 rows x K 512: KB 32 / CH 512 101.5 us against 204.9 for the tiles of
-    # 32 keys x 512 columns before (docs/kernels.md, "Ranking in registers").
+    # ranked in [KB, CH] tiles: CH of a row's keys against blocks of KB of its keys, the first of
+    # TILES that gives `tiles_per_core` tiles a core, else the last (a prefill chunk: wide tiles,
+    # the block axis in each thread; a decode batch: 32 keys against the whole row in one block,
+    # over many cores). Wider rows fall back to torch.topk on the keys (the same result). H200,
+    # K 512, us (docs/kernels.md, "Ranking in registers"): 2048 rows 205.5 -> 119.4, 256 rows
+    # 30.7 -> 25.2, 64 rows 12.1 -> 10.3, 1 row 6.7 -> 6.3.
     # Every score chunk takes the kernels on the H200 since the compaction is one scan (1024 x
     # 16384, K 512: 0.35 ms against torch.topk's 0.57; docs/kernels.md).
     "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2),
                     "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1),
                     "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT)},
-    "topk_order": {"cuda": dict(KB=32, CH_SIZES=(128, 512), tiles_per_core=4, per_core=8, num_warps=4),
-                   "npu": dict(KB=32, CH_SIZES=(256,), tiles_per_core=1, per_core=1),
-                   "cpu": dict(KB=0, CH_SIZES=(), lanes=2 ** 20, cap=GRID_LIMIT)},
+    "topk_order": {"cuda": dict(TILES=((32, 512), (512, 32)), tiles_per_core=1, per_core=8, num_warps=4),
+                   "npu": dict(TILES=((32, 256),), tiles_per_core=1, per_core=1),
+                   "cpu": dict(TILES=(), lanes=2 ** 20, cap=GRID_LIMIT)},
     "expand": {"cuda": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=8, num_warps=4),
                "npu": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=1),
                "cpu": dict(BLOCK_ROWS=16, BLOCK_COLS=256, cap=GRID_LIMIT)},
@@ -488,9 +490,10 @@ def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=
     compiled backends use ``T`` fixed and ``NT`` in ``{NT_MIN, NT_MAX}``, so two shapes cover
     every width; the interpreter shrinks both to the row). ``topk_order``: tiles of (row, ``CH``
     selected keys), each ranked against the row's ``selected`` keys in blocks of ``KB``; compiled
-    backends take the largest ``CH`` of ``CH_SIZES`` that leaves ``tiles_per_core`` tiles a core
-    (a decode batch: narrow tiles over many cores; a prefill chunk: wide ones), the interpreter
-    one ``[KP, KP]`` block a row (``KP = next_pow2(selected)``, at most ``lanes`` compares)."""
+    backends take the first ``(KB, CH)`` of ``TILES`` that gives ``tiles_per_core`` tiles a core,
+    else the last (a prefill chunk: wide tiles; a decode batch: narrow ones over many cores), the
+    interpreter one ``[KP, KP]`` block a row (``KP = next_pow2(selected)``, at most ``lanes``
+    compares)."""
     return _cached_plan(_topk, ("topk_select", "topk_order"), (int(num_rows), int(width), int(selected)), device,
                         launch_options, cores)
 
@@ -505,9 +508,8 @@ def _topk(backend, cores, options, explicit, num_rows, width, selected):
     else:
         t = sel["T"]
         nt = sel["NT_MIN"] if width <= sel["NT_MIN"] * t else sel["NT_MAX"]
-        kb, sizes = order["KB"], order["CH_SIZES"]
         enough = order["tiles_per_core"] * (cores or 1)
-        ch = next((c for c in sorted(sizes, reverse=True) if num_rows * cdiv(selected, c) >= enough), min(sizes))
+        kb, ch = next((t for t in order["TILES"] if num_rows * cdiv(selected, t[1]) >= enough), order["TILES"][-1])
     if nt > sel["NT_MAX"] or nt * t < width or selected < 1:
         return None
     # cuda: a warp per 1024 resident keys, 4..16 (H200, 64 x 16384: 16 warps 39 us, 32 warps 44)
