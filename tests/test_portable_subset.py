@@ -45,11 +45,12 @@ def test_kernel_file_uses_only_portable_subset(path):
 def test_every_tl_sum_is_masked(path):
     """Every ``tl.sum`` is over ``tl.where(...)``: a one-element select (exact), an integer sum
     (exact in any order), or the decode kernel's head sum of the scores (any order, certified by
-    parity-contract.md §3.2). Printed with -s / -rA."""
+    parity-contract.md §3.2); or over an integer shift ``a >> b`` (the select's counting passes:
+    an integer sum). Printed with -s / -rA."""
     calls = P.sum_calls(path.read_text(encoding="utf-8"), _rel(path))
     for line, ok in calls:
-        print(f"{_rel(path)}:{line}: tl.sum first argument is tl.where(...): {ok}")
-    assert all(ok for _, ok in calls), f"tl.sum not over tl.where(...) at lines {[l for l, ok in calls if not ok]}"
+        print(f"{_rel(path)}:{line}: tl.sum first argument is tl.where(...) or a shift: {ok}")
+    assert all(ok for _, ok in calls), f"tl.sum not over tl.where(...) or a shift at lines {[l for l, ok in calls if not ok]}"
 
 
 @pytest.mark.parametrize("path", KPOOL_FILES, ids=_rel)
@@ -153,6 +154,10 @@ CASES = {
          "@triton.jit\ndef k(x, i):\n    return tl.sum(tl.where(tl.arange(0, 8) == i, x, 0.0), axis=0)\n"),
         ("@triton.jit\ndef k(x):\n    return tl.sum(x * 2, axis=0)\n",
          "@triton.jit\ndef k(x, m):\n    return tl.sum(input=tl.where(m, x, 0.0), axis=0)\n"),
+        ("@triton.jit\ndef k(x, c):\n    return tl.sum(x - c, axis=0)\n",
+         "@triton.jit\ndef k(x, c):\n    return tl.sum((x - c) >> 31, axis=0)\n"),
+        ("@triton.jit\ndef k(x):\n    return tl.sum((x >> 1) * 0.5, axis=0)\n",
+         "@triton.jit\ndef k(x):\n    return tl.sum(x >> 1, axis=0)\n"),
         ("@triton.jit\ndef k(x):\n    return tl.max(x, axis=0)\n", "@triton.jit\ndef k(x):\n    return x\n"),
         ("@triton.jit\ndef k(x):\n    return tl.min(x, axis=0)\n", "@triton.jit\ndef k(x):\n    return x\n"),
         ("@triton.jit\ndef k(x):\n    return x.sum(0)\n", "@triton.jit\ndef k(x):\n    return x\n"),
@@ -259,8 +264,9 @@ def test_compliant_kernel_is_clean():
 
 
 def test_sum_calls_lists_each_call_with_verdict():
-    source = HEADER + "@triton.jit\ndef k(x, m):\n    a = tl.sum(x, 0)\n    b = tl.sum(tl.where(m, x, 0.0), 0)\n"
-    assert P.sum_calls(source) == [(5, False), (6, True)]
+    source = (HEADER + "@triton.jit\ndef k(x, m):\n    a = tl.sum(x, 0)\n    b = tl.sum(tl.where(m, x, 0.0), 0)\n"
+              "    c = tl.sum(x >> 31, 0)\n    d = tl.sum(x << 1, 0)\n")
+    assert P.sum_calls(source) == [(5, False), (6, True), (7, True), (8, False)]
 
 
 def test_pragma_silences_only_the_named_rule_on_its_line():

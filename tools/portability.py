@@ -220,11 +220,15 @@ class _Checker(ast.NodeVisitor):
 
     def check_sum(self, node: ast.Call) -> None:
         first = node.args[0] if node.args else self.keyword(node, "input")
-        ok = isinstance(first, ast.Call) and self.tl_name(first.func) == "where"
+        # `>>` takes integers only (Triton rejects float operands), so a sum of a shift is an
+        # exact integer sum, as one over tl.where(c, 1, 0) is
+        shift = isinstance(first, ast.BinOp) and isinstance(first.op, ast.RShift)
+        ok = shift or (isinstance(first, ast.Call) and self.tl_name(first.func) == "where")
         self.sums.append((node.lineno, ok))
         if not ok:
             self.report("reduction", node, "tl.sum is allowed only over tl.where(...) (a one-element select, an "
-                        "exact integer sum or a certified-order score sum); else use an explicit loop")
+                        "exact integer sum or a certified-order score sum) or an integer shift `a >> b` (an "
+                        "exact integer sum); else use an explicit loop")
 
     def check_method(self, node: ast.Call) -> None:
         attr = node.func.attr
@@ -311,7 +315,7 @@ def suppressions(source: str) -> Dict[int, Set[str]]:
 
 
 def sum_calls(source: str, filename: str = "<string>") -> List[Tuple[int, bool]]:
-    """``(line, first_argument_is_tl_where)`` for every ``tl.sum(...)`` call of ``source``.
+    """``(line, first_argument_is_tl_where_or_a_shift)`` for every ``tl.sum(...)`` call of ``source``.
 
     Raises:
         SyntaxError: ``source`` does not parse.
