@@ -89,7 +89,7 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # TILES that gives `tiles_per_core` tiles a core, else the last (a prefill chunk: wide tiles,
     # the block axis in each thread; a decode batch: 32 keys against the whole row in one block,
     # over many cores). Wider rows fall back to torch.topk on the keys (the same result). H200,
-    # K 512, us (docs/kernels.md, "Ranking in registers"): 2048 rows 205.5 -> 119.4, 256 rows
+    # K 512, us (docs/kernels.md, "The top-k under Nsight Compute"): 2048 rows 205.5 -> 119.4, 256 rows
     # 30.7 -> 25.2, 64 rows 12.1 -> 10.3, 1 row 6.7 -> 6.3.
     # Every score chunk takes the kernels on the H200 since the compaction is one scan (1024 x
     # 16384, K 512: 0.35 ms against torch.topk's 0.57; docs/kernels.md).

@@ -126,7 +126,7 @@ def _order_kernel(work_ptr, stride_work_t, out_ptr, stride_out_t, cum_query_lens
     ``out_ptr`` (int64 ``[num_rows, >= selected]``) at its rank, the number of the row's keys
     above it (keys are unique). Tile = (live row, ``CH`` of its keys); the row's keys come in
     blocks of ``KB`` as ``[KB, CH]`` compares summed over the block axis, which the CUDA layout
-    keeps inside each thread (no shuffles: docs/kernels.md, "Ranking in registers")."""
+    keeps inside each thread (no shuffles; docs/kernels.md, "The top-k under Nsight Compute")."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     block = tl.arange(0, KB)
