@@ -8,12 +8,13 @@ the canonical order: descending score, ties to the lower pool id, LOWEST (invali
 of the scores puts first, bit for bit, whatever algorithm finds them.
 
 :func:`select_topk` finds them with two portable Triton launches (no ``tl.sort``/``tl.topk``,
-no atomics, no histogram op: platform-numerics.md §6.1), only integer compares, exact integer
-``tl.sum`` counts and one exact int32 ``tl.cumsum``:
+no atomics, no histogram op: platform-numerics.md §6.1), only integer compares and shifts,
+exact integer ``tl.sum`` counts and one exact int32 ``tl.cumsum``:
 
 1. :func:`_select_kernel`, one row per tile, the row's 32-bit images held in registers (a 1-D
    block of ``NT * T``, read once): a bitwise binary search for the K-th largest image ``v`` (32
-   counting passes over the registers), then the tie fix-up: of the keys whose image is ``v``
+   counting passes over the registers; after the sign pass each counts by subtract and shift on
+   images clamped to ``v``'s half), then the tie fix-up: of the keys whose image is ``v``
    only the largest low words (``0xFFFFFFFF - pool``: the lowest ids) are kept, as many as
    ``K - #(image > v)`` (a second bitwise search, over the low words; skipped when no tie crosses
    the K-th place). So the kernel returns the K largest of any unique int64 keys. Exactly K
