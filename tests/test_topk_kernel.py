@@ -91,7 +91,7 @@ def test_live_rows_only_and_buffers_given():
 
 @pytest.mark.parametrize("backend", ["cuda", "npu"], ids=["plan-for-cuda", "plan-for-npu"])
 def test_compiled_plans_use_few_shapes_and_fall_back_past_them(backend):
-    """Compiled backends: two select tiles and the ranking tiles of ``CH_SIZES`` cover every shape
+    """Compiled backends: two select tiles and the ranking tiles of ``TILES`` cover every shape
     (one compile each); rows wider than the largest tile return None (the caller's torch.topk
     fallback); any K is ranked (its blocks loop at run time)."""
     shapes = set()

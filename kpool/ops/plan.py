@@ -98,7 +98,7 @@ TUNING: Dict[str, Dict[str, dict]] = {
                     "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT)},
     "topk_order": {"cuda": dict(TILES=((32, 512), (512, 32)), tiles_per_core=1, per_core=8, num_warps=4),
                    "npu": dict(TILES=((32, 256),), tiles_per_core=1, per_core=1),
-                   "cpu": dict(TILES=(), lanes=2 ** 20, cap=GRID_LIMIT)},
+                   "cpu": dict(lanes=2 ** 20, cap=GRID_LIMIT)},
     "expand": {"cuda": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=8, num_warps=4),
                "npu": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=1),
                "cpu": dict(BLOCK_ROWS=16, BLOCK_COLS=256, cap=GRID_LIMIT)},
@@ -509,7 +509,8 @@ def _topk(backend, cores, options, explicit, num_rows, width, selected):
         t = sel["T"]
         nt = sel["NT_MIN"] if width <= sel["NT_MIN"] * t else sel["NT_MAX"]
         enough = order["tiles_per_core"] * (cores or 1)
-        kb, ch = next((t for t in order["TILES"] if num_rows * cdiv(selected, t[1]) >= enough), order["TILES"][-1])
+        kb, ch = next((tile for tile in order["TILES"] if num_rows * cdiv(selected, tile[1]) >= enough),
+                      order["TILES"][-1])
     if nt > sel["NT_MAX"] or nt * t < width or selected < 1:
         return None
     # cuda: a warp per 1024 resident keys, 4..16 (H200, 64 x 16384: 16 warps 39 us, 32 warps 44)
