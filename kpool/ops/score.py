@@ -286,27 +286,26 @@ def _score_decode_kernel(
                                          offs_n, vis, max_pool_seq_len, MODE, DOT_F32)
 
 
-@triton.jit(do_not_specialize=["num_requests", "search_steps", "row_start", "num_rows"])
-def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, search_steps, row_start, num_rows,
+@triton.jit(do_not_specialize=["num_requests", "row_start", "num_rows"])
+def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, row_start, num_rows,
                            BLOCK_M: tl.constexpr, DECODE_ROWS: tl.constexpr, BLOCK_R: tl.constexpr):
     """Row blocks of the prefill kernel, aligned to request starts (one program).
 
     ``block_ends[r]`` = number of ``BLOCK_M``-row blocks of the prefill-sized requests ``<= r``
     (requests of at most ``DECODE_ROWS`` rows have none); ``block_ends[R]`` and
     ``block_ends[R + 1]`` = the first and one past the last block holding a row of
-    ``[row_start, row_start + num_rows)``. Integer prefix sums (exact in any order)."""
+    ``[row_start, row_start + num_rows)``. Integer prefix sums (exact in any order).
+
+    The chunk's two edge rows find their requests in the same sweep over the requests as the
+    prefix sums: ``r(t) = #{i < R - 1 : cum_query_lens[i] <= t}`` (``request_of_rows``, clamped
+    as there), with every load independent of the others (a binary search was ~7 dependent loads:
+    most of this launch's time on a decode batch)."""
     lanes = tl.arange(0, BLOCK_R)
-    # The chunk's edge rows, their requests and the request's own blocks before / up to them.
     edge = tl.arange(0, 2)
     edge_row = tl.where(edge == 0, row_start, row_start + num_rows - 1)
-    edge_req = request_of_rows(edge_row, cum_query_lens_ptr, num_requests, search_steps)
-    e_lo = tl.load(cum_query_lens_ptr + edge_req - 1, mask=edge_req > 0, other=0)
-    e_len = tl.load(cum_query_lens_ptr + edge_req) - e_lo
-    e_blocks = tl.where(e_len > DECODE_ROWS, (e_len + BLOCK_M - 1) // BLOCK_M, 0)
-    inside = edge_row - e_lo < e_len
-    own = tl.where(inside, (edge_row - e_lo) // BLOCK_M + edge, e_blocks)   # the last edge counts its block
-    own = tl.where(e_len > DECODE_ROWS, own, 0)
-    before = edge * 0
+    before = edge * 0                          # blocks of the requests before each edge row's
+    e_lo = edge * 0                            # the edge request's start: the ends before it, summed as lengths
+    e_hi = edge * 0 + 2147483647               # its end: the least end from it on
     carry = num_requests * 0                   # an int32 scalar zero
     for base in range(0, num_requests, BLOCK_R):
         r = base + lanes
@@ -318,8 +317,18 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, sea
         # inclusive prefix sum as a masked row sum (exact integers; no scan primitive needed)
         prefix = tl.sum(tl.where(lanes[None, :] <= lanes[:, None], blocks[None, :], 0), axis=1)
         tl.store(block_ends_ptr + r, int32_of(carry + prefix), mask=ok)     # (int32_of: see _portable)
-        before = before + tl.sum(tl.where(r[None, :] < edge_req[:, None], blocks[None, :], 0), axis=1)
+        # [2, BLOCK_R]: requests ending at or before the edge row (ends are non-decreasing: a prefix)
+        earlier = ok[None, :] & (r < num_requests - 1)[None, :] & (end[None, :] <= edge_row[:, None])
+        before = before + tl.sum(tl.where(earlier, blocks[None, :], 0), axis=1)
+        e_lo = e_lo + tl.sum(tl.where(earlier, qlen[None, :], 0), axis=1)
+        later = tl.where(ok[None, :] & ~earlier, end[None, :], 2147483647)
+        e_hi = tl.minimum(e_hi, tl.min(later, axis=1))  # portable-ok: reduction -- int32 min is exact in any order
         carry = carry + tl.sum(tl.where(ok, blocks, 0), axis=0)
+    e_len = e_hi - e_lo
+    e_blocks = tl.where(e_len > DECODE_ROWS, (e_len + BLOCK_M - 1) // BLOCK_M, 0)
+    inside = edge_row - e_lo < e_len
+    own = tl.where(inside, (edge_row - e_lo) // BLOCK_M + edge, e_blocks)   # the last edge counts its block
+    own = tl.where(e_len > DECODE_ROWS, own, 0)
     tl.store(block_ends_ptr + num_requests + edge, int32_of(before + own))
 
 
@@ -531,7 +540,7 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
     steps = R.bit_length()
     block_ends = torch.empty(R + 2, dtype=torch.int32, device=q.device)
     blocks = launch_plan.prefill_blocks_plan(prefill, q.device, launch_options)
-    _prefill_blocks_kernel[(blocks.grid,)](cum_query_lens, block_ends, R, steps, row_start, num_rows,
+    _prefill_blocks_kernel[(blocks.grid,)](cum_query_lens, block_ends, R, row_start, num_rows,
                                            **blocks.constexprs, **blocks.options)
     _score_prefill_kernel[(prefill.grid,)](*args, block_ends, steps, **common, **prefill.constexprs,
                                            **prefill.options)

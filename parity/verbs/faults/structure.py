@@ -18,13 +18,13 @@ STRUCTURE_FAULTS = {
     "block-ends-cached-by-counts": (
         "ops/score.py",
         ("    block_ends = torch.empty(R + 2, dtype=torch.int32, device=q.device)\n",
-         "    _prefill_blocks_kernel[(blocks.grid,)](cum_query_lens, block_ends, R, steps, row_start, num_rows,\n"
+         "    _prefill_blocks_kernel[(blocks.grid,)](cum_query_lens, block_ends, R, row_start, num_rows,\n"
          "                                           **blocks.constexprs, **blocks.options)\n"),
         ("    _key = (R, T, row_start, num_rows, str(q.device))\n"
          "    _cached = globals().setdefault('_BLOCK_ENDS_BY_COUNTS', {}).get(_key)\n"
          "    block_ends = torch.empty(R + 2, dtype=torch.int32, device=q.device) if _cached is None else _cached\n",
          "    if _cached is None:\n"
-         "        _prefill_blocks_kernel[(blocks.grid,)](cum_query_lens, block_ends, R, steps, row_start, num_rows,\n"
+         "        _prefill_blocks_kernel[(blocks.grid,)](cum_query_lens, block_ends, R, row_start, num_rows,\n"
          "                                               **blocks.constexprs, **blocks.options)\n"
          "        globals()['_BLOCK_ENDS_BY_COUNTS'][_key] = block_ends\n"),
         "wrong-index"),
