@@ -603,7 +603,7 @@ def test_helper_kernels_write_only_their_buffers():
     from kpool.ops import merged, score
     cum = torch.tensor([5, 20, 21, 60], dtype=torch.int32, device=DEV)
     big, blocks = _guarded(6, torch.int32, 7)
-    score._prefill_blocks_kernel[(1,)](cum, blocks, 4, 3, 0, 60, BLOCK_M=16, DECODE_ROWS=8, BLOCK_R=128)
+    score._prefill_blocks_kernel[(1,)](cum, blocks, 4, 0, 60, BLOCK_M=16, DECODE_ROWS=8, BLOCK_R=128)
     # requests of 5, 15, 1, 39 rows: blocks 0, 1, 1, 4 -> ends [0, 1, 1, 4]; the chunk: blocks [0, 4)
     assert blocks.cpu().tolist() == [0, 1, 1, 4, 0, 4] and _guards_intact(big, 6, 7)
     T, H, D = 6, 3, 16
