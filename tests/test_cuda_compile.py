@@ -114,12 +114,16 @@ def _combos():
         w = {"weights_ptr": "*i16"} if wbf16 else {}
         dec, pre = cuda["score_decode"]["cuda"], cuda["score_prefill"]["cuda"]
         # both loop orders at the GLM shape (MTP verify: key tile outer), rows outer elsewhere
+        # mode (M) launches the decode kernel with the 3 merged heads (score_keys); the options
+        # (register cap included) are the plan's
+        Hd = 3 if mode == 1 else H
         for outer in (False, True) if H == 32 else (False,):
-            yield (f"score_decode H={H} D={D} mode={mode}" + (" key-tile-outer" if outer else ""),
+            yield (f"score_decode H={Hd} D={D} mode={mode}" + (" key-tile-outer" if outer else ""),
                    score._score_decode_kernel,
-                   dict(common, HP=max(plan.MIN_DOT, plan.next_pow2(H)), BLOCK_N=dec["BLOCK_N"],
+                   dict(common, HP=max(plan.MIN_DOT, plan.next_pow2(Hd)), BLOCK_N=dec["BLOCK_N"],
                         KEY_TILE_OUTER=outer), w,
-                   {"num_warps": dec["num_warps"], "num_stages": dec["num_stages"]})
+                   plan.score_decode_plan(1, 4096, Hd, D, "cuda", cores=132, num_rows=1 + outer,
+                                          merged=mode == 1).options)
         yield (f"score_prefill H={H} D={D} mode={mode}", score._score_prefill_kernel,
                dict(common, BLOCK_M=pre["BLOCK_M"], BLOCK_N=pre["BLOCK_N"]), w,
                {"num_warps": pre["num_warps"], "num_stages": pre["num_stages"]})

@@ -71,8 +71,12 @@ TUNING: Dict[str, Dict[str, dict]] = {
                    # cpu: two requests a tile (C = 4) on two programs, so the interpreter suites'
                    # batches of more than 4 requests walk the grid-stride loop
                    "cpu": dict(BLOCK_T=8, cap=2)},
-    # per_core_key_tile_outer: programs per SM when KEY_TILE_OUTER (MTP verify, short requests)
-    "score_decode": {"cuda": dict(BLOCK_N=128, per_core=4, per_core_key_tile_outer=16, num_warps=4, num_stages=2),
+    # per_core_key_tile_outer: programs per SM when KEY_TILE_OUTER (MTP verify, short requests);
+    # maxnreg(_key_tile_outer): ptxas register cap of each loop order (0: none), so that one more
+    # program fits an SM (decode 194 -> 168 registers: 2 -> 3 programs an SM, the key stream's
+    # occupancy; docs/kernels.md "Register caps")
+    "score_decode": {"cuda": dict(BLOCK_N=128, per_core=3, per_core_key_tile_outer=16, num_warps=4, num_stages=2,
+                                  maxnreg=168, maxnreg_key_tile_outer=128),
                      "npu": dict(BLOCK_N=64, per_core=1),
                      "cpu": dict(BLOCK_N=0, cap=64)},                  # BLOCK_N=0: whole row (<= 4096)
     "score_prefill": {"cuda": dict(BLOCK_M=64, BLOCK_N=128, per_core=2, num_warps=4, num_stages=3),
@@ -375,7 +379,8 @@ def _pool_block(tune: dict, max_pool_seq_len: int) -> int:
 
 
 def score_decode_plan(num_requests: int, max_pool_seq_len: int, num_heads: int, head_dim: int, device,
-                      launch_options=None, cores: Optional[int] = None, *, num_rows: int = 0) -> LaunchPlan:
+                      launch_options=None, cores: Optional[int] = None, *, num_rows: int = 0,
+                      merged: bool = False) -> LaunchPlan:
     """Decode/MTP scoring (kpool-algorithm.md §4.1-§4.3): a tile is one request x a segment of
     its ``BLOCK_N``-pool blocks (``decode_segments``: one tile per program when
     the grid allows); each row of the request (at most :data:`DECODE_ROWS`) scores each key tile
@@ -388,22 +393,31 @@ def score_decode_plan(num_requests: int, max_pool_seq_len: int, num_heads: int, 
     read once for all the request's rows; otherwise (one row a request: plain decode) the rows are
     the outer loop and the key tiles stream through the inner one, which the compiler software-
     pipelines (H200, docs/kernels.md: decode 64 x 64k 96 us this way against 108 us key tile
-    outer; MTP=3 265 us key tile outer against 334 us)."""
+    outer; MTP=3 265 us key tile outer against 334 us).
+
+    On CUDA the launch options carry the loop order's register cap (``TUNING`` ``maxnreg`` /
+    ``maxnreg_key_tile_outer``), except in mode (M) (``merged``), whose exact fallback would spill
+    under it (sm_90: 56-64 bytes)."""
     return _cached_plan(_score_decode, ("score_decode",), (int(num_requests), int(max_pool_seq_len), int(num_heads),
-                                                           int(head_dim), int(num_rows)), device, launch_options, cores)
+                                                           int(head_dim), int(num_rows), bool(merged)), device,
+                        launch_options, cores)
 
 
-def _score_decode(backend, cores, options, explicit, num_requests, max_pool_seq_len, num_heads, head_dim, num_rows):
+def _score_decode(backend, cores, options, explicit, num_requests, max_pool_seq_len, num_heads, head_dim, num_rows,
+                  merged):
     block_n = _pool_block(TUNING["score_decode"][backend], max_pool_seq_len)
     tiles = num_requests * cdiv(max_pool_seq_len, block_n)        # at most one pool block per tile
     key_tile_outer = num_rows > num_requests
-    # H200 (docs/kernels.md): plain decode streams longer segments best (4 programs an SM), key
-    # tile outer hides its unpipelined loads with more programs (16)
+    # H200 (docs/kernels.md): plain decode streams longer segments best (3 programs an SM, each
+    # capped at 168 registers: one wave), key tile outer hides its unpipelined loads with more
+    # programs (16, at 128 registers)
+    cap = TUNING["score_decode"][backend].get("maxnreg_key_tile_outer" if key_tile_outer else "maxnreg")
     return _make("score_decode", tiles, backend, cores, options, explicit,
                  dict(BLOCK_N=block_n, HP=max(MIN_DOT, next_pow2(num_heads)),
                       DP=max(MIN_DOT, next_pow2(head_dim)), DECODE_ROWS=DECODE_ROWS,
                       DOT_F32=backend == "cpu", KEY_TILE_OUTER=key_tile_outer),
-                 per_core_key="per_core_key_tile_outer" if key_tile_outer else "per_core")
+                 per_core_key="per_core_key_tile_outer" if key_tile_outer else "per_core",
+                 **({"maxnreg": cap} if cap and backend == "cuda" and not merged else {}))
 
 
 def decode_segments(decode: LaunchPlan, num_requests: int, max_pool_seq_len: int) -> int:

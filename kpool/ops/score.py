@@ -514,7 +514,8 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
     w_bf16 = weights.dtype == torch.bfloat16
     w_arg = weights.view(torch.int16) if w_bf16 else weights
     span = 1 + sum((s - 1) * st for s, st in zip(compressed_cache.shape, compressed_cache.stride()))
-    decode = launch_plan.score_decode_plan(R, max_pool_seq_len, H, D, q.device, launch_options, num_rows=num_rows)
+    decode = launch_plan.score_decode_plan(R, max_pool_seq_len, H, D, q.device, launch_options, num_rows=num_rows,
+                                           merged=score_mode == "merged")
     # The interpreter gets int16 views (its dots run in fp32 from the bits); compiled backends
     # the bf16 tensors themselves (tensor-core operands straight from memory).
     as_bits = decode.constexprs["DOT_F32"]
