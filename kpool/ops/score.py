@@ -321,7 +321,7 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, row
         earlier = ok[None, :] & (r < num_requests - 1)[None, :] & (end[None, :] <= edge_row[:, None])
         before = before + tl.sum(tl.where(earlier, blocks[None, :], 0), axis=1)
         e_lo = e_lo + tl.sum(tl.where(earlier, qlen[None, :], 0), axis=1)
-        later = tl.where(ok[None, :] & ~earlier, end[None, :], 2147483647)
+        later = tl.where(earlier, 2147483647, tl.where(ok, end, 2147483647)[None, :])   # (no `~`: 3.2's interpreter)
         e_hi = tl.minimum(e_hi, tl.min(later, axis=1))  # portable-ok: reduction -- int32 min is exact in any order
         carry = carry + tl.sum(tl.where(ok, blocks, 0), axis=0)
     e_len = e_hi - e_lo
