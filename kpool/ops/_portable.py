@@ -40,6 +40,8 @@ KEY_LOWEST_C = tl.constexpr(KEY_LOWEST)
 INT32_MIN = -2 ** 31
 """The int32 sign bit alone: the smallest int32, and the bits of fp32 ``-0.0``."""
 INT32_MIN_C = tl.constexpr(INT32_MIN)
+INT32_MAX_C = tl.constexpr(2 ** 31 - 1)
+"""The largest int32 (an identity of an exact int32 min)."""
 
 
 # exp_fp32 constants: the same Python doubles as reference/numerics.py, each rounded to fp32

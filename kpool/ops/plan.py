@@ -405,13 +405,14 @@ def score_decode_plan(num_requests: int, max_pool_seq_len: int, num_heads: int, 
 
 def _score_decode(backend, cores, options, explicit, num_requests, max_pool_seq_len, num_heads, head_dim, num_rows,
                   merged):
-    block_n = _pool_block(TUNING["score_decode"][backend], max_pool_seq_len)
+    tune = TUNING["score_decode"][backend]
+    block_n = _pool_block(tune, max_pool_seq_len)
     tiles = num_requests * cdiv(max_pool_seq_len, block_n)        # at most one pool block per tile
     key_tile_outer = num_rows > num_requests
     # H200 (docs/kernels.md): plain decode streams longer segments best (3 programs an SM, each
     # capped at 168 registers: one wave), key tile outer hides its unpipelined loads with more
     # programs (16, at 128 registers)
-    cap = TUNING["score_decode"][backend].get("maxnreg_key_tile_outer" if key_tile_outer else "maxnreg")
+    cap = tune.get("maxnreg_key_tile_outer" if key_tile_outer else "maxnreg")
     return _make("score_decode", tiles, backend, cores, options, explicit,
                  dict(BLOCK_N=block_n, HP=max(MIN_DOT, next_pow2(num_heads)),
                       DP=max(MIN_DOT, next_pow2(head_dim)), DECODE_ROWS=DECODE_ROWS,

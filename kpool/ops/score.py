@@ -46,7 +46,7 @@ import triton.language as tl
 
 from ..errors import KPoolConfigError, KPoolDtypeError, KPoolShapeError
 from . import plan as launch_plan
-from ._portable import (KEY_LOWEST, KEY_LOWEST_C, int32_of, load_bf16_operand, load_f32, request_of_rows,
+from ._portable import (INT32_MAX_C, KEY_LOWEST, KEY_LOWEST_C, int32_of, load_bf16_operand, load_f32, request_of_rows,
                         score_key_hi, visible_pools)
 from .merged import merged_exact, merged_heads, merged_needs_exact
 
@@ -305,7 +305,7 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, row
     edge_row = tl.where(edge == 0, row_start, row_start + num_rows - 1)
     before = edge * 0                          # blocks of the requests before each edge row's
     e_lo = edge * 0                            # the edge request's start: the ends before it, summed as lengths
-    e_hi = edge * 0 + 2147483647               # its end: the least end from it on
+    e_hi = edge * 0 + INT32_MAX_C              # its end: the least end from it on
     carry = num_requests * 0                   # an int32 scalar zero
     for base in range(0, num_requests, BLOCK_R):
         r = base + lanes
@@ -321,7 +321,7 @@ def _prefill_blocks_kernel(cum_query_lens_ptr, block_ends_ptr, num_requests, row
         earlier = ok[None, :] & (r < num_requests - 1)[None, :] & (end[None, :] <= edge_row[:, None])
         before = before + tl.sum(tl.where(earlier, blocks[None, :], 0), axis=1)
         e_lo = e_lo + tl.sum(tl.where(earlier, qlen[None, :], 0), axis=1)
-        later = tl.where(earlier, 2147483647, tl.where(ok, end, 2147483647)[None, :])   # (no `~`: 3.2's interpreter)
+        later = tl.where(earlier, INT32_MAX_C, tl.where(ok, end, INT32_MAX_C)[None, :])   # (no `~`: 3.2's interpreter)
         e_hi = tl.minimum(e_hi, tl.min(later, axis=1))  # portable-ok: reduction -- int32 min is exact in any order
         carry = carry + tl.sum(tl.where(ok, blocks, 0), axis=0)
     e_len = e_hi - e_lo
