@@ -86,8 +86,11 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
     if compute_topk:
         selected = min(index_topk // P, max_pool_seq_len) if T > 0 and R > 0 else 0
         rows_per_chunk = plan_ops.score_scratch_rows(max_pool_seq_len, SCORE_SCRATCH_BYTES, max_score_rows)
-        out, top_keys, top_index, scratch = _allocate(k.device, T, W, selected, max_pool_seq_len,
-                                                      min(rows_per_chunk, T), output_buffer)
+        chunk_rows = min(rows_per_chunk, T)
+        # a batch of fewer rows than cores splits the top-k's rows: its work rows hold the candidates
+        plans = plan_ops.topk_plans(chunk_rows, max_pool_seq_len, selected, k.device) if selected > 0 else None
+        out, top_keys, top_index, scratch = _allocate(k.device, T, W, selected, max_pool_seq_len, chunk_rows,
+                                                      output_buffer, plans.work_width if plans else selected)
     compress_ops.compress_and_write_cache(
         k=k, gate=gate, ape=ape, compressed_cache=compressed_cache, tail_cache=tail_cache,
         positions=positions, cum_query_lens=cum_query_lens, raw_seq_lens=raw_seq_lens,
@@ -131,9 +134,11 @@ def _ops():
         return compress_ops, indexer_ops, plan_ops
 
 
-def _allocate(device, T: int, W: int, selected: int, max_pool_seq_len: int, chunk_rows: int, output_buffer):
+def _allocate(device, T: int, W: int, selected: int, max_pool_seq_len: int, chunk_rows: int, output_buffer,
+              work_width: int):
     """The top-k path's buffers: ``(out [T, >= W] int32, top_keys [T, selected] int64, top_index
-    [chunk_rows, selected] int64 (the top-k's compaction rows, ``select_topk(work=)``), scratch [chunk_rows,
+    [chunk_rows, work_width] int64 (the top-k's compaction rows, ``select_topk(work=)``: ``selected``
+    columns, more for split rows, ``kpool.ops.plan.TopkPlans.work_width``), scratch [chunk_rows,
     max_pool_seq_len] int64 keys or None)`` with ``selected = min(K_pool, max_pool_seq_len)``
     (kpool-algorithm.md §4.4). Sizes are host ints (shapes), never device data.
 
@@ -143,7 +148,7 @@ def _allocate(device, T: int, W: int, selected: int, max_pool_seq_len: int, chun
     try:
         out = output_buffer[:T] if output_buffer is not None else torch.empty((T, W), dtype=torch.int32, device=device)
         top_keys = torch.empty((T, selected), dtype=torch.int64, device=device)
-        top_index = torch.empty((chunk_rows if selected else 0, selected), dtype=torch.int64, device=device)
+        top_index = torch.empty((chunk_rows if selected else 0, work_width), dtype=torch.int64, device=device)
         scratch = (torch.empty((chunk_rows, max_pool_seq_len), dtype=torch.int64, device=device)
                    if selected > 0 else None)
     except RuntimeError as exc:   # torch.OutOfMemoryError and the CPU allocator's error

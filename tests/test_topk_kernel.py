@@ -91,23 +91,85 @@ def test_live_rows_only_and_buffers_given():
 
 @pytest.mark.parametrize("backend", ["cuda", "npu"], ids=["plan-for-cuda", "plan-for-npu"])
 def test_compiled_plans_use_few_shapes_and_fall_back_past_them(backend):
-    """Compiled backends: two select tiles and the ranking tiles of ``TILES`` cover every shape
-    (one compile each); rows wider than the largest tile return None (the caller's torch.topk
+    """Compiled backends: whole rows take two select tiles, split rows the powers of two that hold
+    a segment or the merge's candidates, and the ranking tiles of ``TILES`` cover every shape (one
+    compile each); rows wider than the largest tile return None (the caller's torch.topk
     fallback); any K is ranked (its blocks loop at run time)."""
-    shapes = set()
+    whole, split = set(), set()
     tune = plan.TUNING["topk_select"][backend]
     order = plan.TUNING["topk_order"][backend]
     for width in (w for w in (1, 300, 2048, 2049, 4096, 9000, 16384) if w <= tune["NT_MAX"] * tune["T"]):
         for selected in (1, 64, 512):
             for rows in (1, 64, 4096):
-                first, second = plan.topk_plans(rows, width, min(selected, width), backend, cores=8)
-                shapes.add((tuple(sorted(first.constexprs.items())), tuple(sorted(second.constexprs.items()))))
-                assert first.constexprs["NT"] * first.constexprs["T"] >= width
-                assert (second.constexprs["KB"], second.constexprs["CH"]) in order["TILES"]
-    assert len({s[0] for s in shapes}) <= 2 and len({s[1] for s in shapes}) <= len(order["TILES"])
+                p = plan.topk_plans(rows, width, min(selected, width), backend, cores=8)
+                nt, t = p.select.constexprs["NT"], p.select.constexprs["T"]
+                assert nt * t >= p.segment_width and p.segments * p.segment_width >= width
+                (split if p.segments > 1 else whole).add(nt)
+                if p.segments > 1:
+                    assert rows * p.segments <= 8 and p.segments <= tune["MAX_SEGMENTS"]
+                    assert width - (p.segments - 1) * p.segment_width >= p.selected == min(selected, width)
+                    assert p.merge.constexprs["NT"] * t >= p.segments * p.selected and p.merge.tiles == rows
+                    assert p.work_width == (p.segments + 1) * p.selected
+                else:
+                    assert p.merge is None and p.work_width == p.selected
+                assert (p.order.constexprs["KB"], p.order.constexprs["CH"]) in order["TILES"]
+    assert len(whole) <= 2 and all(nt & (nt - 1) == 0 and nt <= tune["NT_MAX"] for nt in split)
+    assert bool(split) == (tune["MAX_SEGMENTS"] > 1)
     assert plan.topk_plans(4, tune["NT_MAX"] * tune["T"] + 1, 8, backend, cores=8) is None
     assert plan.topk_plans(4096, 300, 8, backend, cores=8) is not None    # no row limit: any score chunk
     assert plan.topk_plans(4, 4000, 3001, backend, cores=8) is not None  # no K limit
+
+
+def test_rows_split_only_into_segments_that_pay():
+    """cuda: a batch of fewer rows than cores splits each row into a power of two of segments, as
+    many as the cores allow, about sqrt(width / K), each holding >= K keys; a given work buffer
+    bounds them; prefill chunks and MTP batches stay whole."""
+    def segments(rows, width, selected, **kw):
+        return plan.topk_plans(rows, width, selected, "cuda", cores=132, **kw).segments
+    assert segments(1, 16384, 512) == 4            # 4 x 4096 lanes, then 2048 candidates
+    assert segments(64, 16384, 512) == 2           # 128 programs on 132 cores
+    assert segments(66, 16384, 512) == 2 and segments(67, 16384, 512) == 1
+    assert segments(256, 16384, 512) == 1 and segments(2048, 16384, 512) == 1
+    assert segments(1, 16384, 4096) == 2 and segments(1, 16384, 8192) == 1
+    assert segments(1, 2047, 512) == 1             # 2 segments of 1024 would be fewer lanes than the merge's
+    assert segments(1, 16384, 512, max_segments=2) == 2 and segments(1, 16384, 512, max_segments=1) == 1
+    for width, selected in ((16384, 512), (8193, 1024), (5000, 600), (2048, 512)):
+        s = plan.topk_segments(1, width, selected, 132, 8)
+        assert width - (s - 1) * -(-width // s) >= selected and s * s * selected <= width or s == 1
+
+
+def _split_cpu(monkeypatch, segments, chunk):
+    """Interpreter plans that split rows into up to ``segments`` and compact ``chunk`` lanes at a time."""
+    tune = dict(plan.TUNING["topk_select"]["cpu"], MAX_SEGMENTS=segments, SPLIT_CORES=128, CHUNK=chunk)
+    monkeypatch.setitem(plan.TUNING["topk_select"], "cpu", tune)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="interpreter plans (SPLIT_CORES stands in for cores)")
+@pytest.mark.parametrize("segments,chunk", [(1, 16), (2, 32), (4, 16), (8, 64)])
+def test_split_rows_and_chunked_compaction_give_the_stable_sort(monkeypatch, segments, chunk):
+    """Rows split into segments (the K largest of each, then of the candidates) and compaction a
+    chunk at a time: the same canonical top-k, bit for bit, as one whole-row pass; adversarial rows
+    (ties across segment edges, nothing valid, fewer valid than K), a last segment shorter than the
+    rest, live rows only, a given work buffer too narrow for every segment."""
+    _split_cpu(monkeypatch, segments, chunk)
+    for n, selected in ((257, 5), (700, 40), (1000, 1), (1000, 250), (130, 16)):
+        scores = _adversarial(n, n + segments)
+        keys = topk.canonical_keys(scores).to(DEV)
+        p = plan.topk_plans(scores.shape[0], n, selected, DEV)
+        assert p.segments == max(s for s in (1, 2, 4, 8) if s <= segments
+                                 and plan.topk_segments(scores.shape[0], n, selected, 128, s) == s)
+        got = topk.select_topk(keys, selected).cpu()
+        assert torch.equal(got, _want(scores, selected)), (n, selected, p.segments)
+        narrow = torch.full((scores.shape[0], selected * 2), 5, dtype=torch.int64, device=DEV)
+        assert torch.equal(topk.select_topk(keys, selected, work=narrow).cpu(), got)
+    scores = torch.randint(-3, 4, (6, 600), generator=torch.Generator().manual_seed(segments)).float()
+    keys = topk.canonical_keys(scores).to(DEV)
+    out = torch.full((6, 30), 123, dtype=torch.int64, device=DEV)
+    cum = torch.tensor([1, 4, 5], dtype=torch.int32, device=DEV)   # T_live = 5: batch rows 2..4 live
+    topk.select_topk(keys[:4], 30, out=out[1:], cum_query_lens=cum, row_start=2)
+    got = out.cpu()
+    assert torch.equal(got[1:4], _want(scores[:4], 30)[:3])
+    assert (got[0] == 123).all() and (got[4:] == 123).all()
 
 
 def test_ranking_tiles_narrow_for_few_rows():
@@ -115,7 +177,7 @@ def test_ranking_tiles_narrow_for_few_rows():
     prefill chunk's in the widest."""
     tiles = plan.TUNING["topk_order"]["cuda"]["TILES"]
     for rows, want in ((1, tiles[-1]), (64, tiles[-1]), (2048, tiles[0])):
-        got = plan.topk_plans(rows, 16384, 512, "cuda", cores=132)[1].constexprs
+        got = plan.topk_plans(rows, 16384, 512, "cuda", cores=132).order.constexprs
         assert (got["KB"], got["CH"]) == want, rows
     assert min(t[1] for t in tiles) == tiles[-1][1] and max(t[1] for t in tiles) == tiles[0][1]
 

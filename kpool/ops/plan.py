@@ -34,7 +34,7 @@ reads plans without loading a kernel.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -97,9 +97,17 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # 30.7 -> 25.2, 64 rows 12.1 -> 10.3, 1 row 6.7 -> 6.3.
     # Every score chunk takes the kernels on the H200 since the compaction is one scan (1024 x
     # 16384, K 512: 0.35 ms against torch.topk's 0.57; docs/kernels.md).
-    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2),
-                    "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1),
-                    "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT)},
+    # A batch of fewer rows than cores splits each row into `segments` (a power of two, at most
+    # MAX_SEGMENTS, so that rows x segments <= cores and every segment holds >= K keys, about
+    # sqrt(width / K)): the K largest of each segment, then the K largest of those S x K, so a
+    # decode row's passes run on S cores instead of one. Compaction walks CHUNK lanes at a time
+    # (a short scan each; 0: the whole tile in one scan).
+    # (NPU: unmeasured, one segment; the interpreter has no cores: SPLIT_CORES stands in, None there
+    # so a CPU run takes one segment and one chunk, as tests that set them exercise both paths.)
+    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2, MAX_SEGMENTS=8, CHUNK=1024),
+                    "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1, MAX_SEGMENTS=1, CHUNK=0),
+                    "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT, MAX_SEGMENTS=1, CHUNK=0,
+                                SPLIT_CORES=None)},
     "topk_order": {"cuda": dict(TILES=((32, 512), (512, 32)), tiles_per_core=1, per_core=8, num_warps=4),
                    "npu": dict(TILES=((32, 256),), tiles_per_core=1, per_core=1),
                    "cpu": dict(lanes=2 ** 20, cap=GRID_LIMIT)},
@@ -495,46 +503,114 @@ def _expand(backend, cores, options, explicit, num_rows, width):
                  dict(BLOCK_ROWS=tune["BLOCK_ROWS"], BLOCK_COLS=tune["BLOCK_COLS"]))
 
 
+class TopkPlans(NamedTuple):
+    """The launches of one exact top-k (:func:`topk_plans`).
+
+    Attributes:
+        select: the select launch over the keys (``segments`` tiles a live row).
+        order: the ranking launch.
+        merge: with ``segments > 1``, the select launch over the ``segments * selected``
+            candidates of each row (their ``selected`` largest); else None.
+        segments: segments a row is split into for ``select`` (>= 1).
+        segment_width: keys per segment (the last one may hold fewer, never fewer than
+            ``selected``); ``width`` when ``segments == 1``.
+        selected: keys kept per row.
+    """
+
+    select: LaunchPlan
+    order: LaunchPlan
+    merge: Optional[LaunchPlan]
+    segments: int
+    segment_width: int
+    selected: int
+
+    @property
+    def work_width(self) -> int:
+        """Columns of the int64 work buffer the launches need: ``selected`` unsplit, else the
+        ``segments * selected`` candidates then the ``selected`` merged keys."""
+        return self.selected * (self.segments + 1) if self.segments > 1 else self.selected
+
+
 def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=None,
-               cores: Optional[int] = None):
-    """The two launches of the exact top-k (:mod:`kpool.ops.topk`) of ``num_rows`` rows of
-    ``width`` keys, ``selected`` kept, or ``None`` when the shape is outside the kernels' tiles
-    (the caller then uses ``torch.topk`` on the keys: the same result).
+               cores: Optional[int] = None, max_segments: Optional[int] = None) -> Optional[TopkPlans]:
+    """The launches of the exact top-k (:mod:`kpool.ops.topk`) of ``num_rows`` rows of ``width``
+    keys, ``selected`` kept, or ``None`` when the shape is outside the kernels' tiles (the caller
+    then uses ``torch.topk`` on the keys: the same result).
 
-    ``topk_select``: one row per tile, held as an ``[NT, T]`` register tile (``NT * T >= width``;
-    compiled backends use ``T`` fixed and ``NT`` in ``{NT_MIN, NT_MAX}``, so two shapes cover
-    every width; the interpreter shrinks both to the row). ``topk_order``: tiles of (row, ``CH``
-    selected keys), each ranked against the row's ``selected`` keys in blocks of ``KB``; compiled
-    backends take the first ``(KB, CH)`` of ``TILES`` that gives ``tiles_per_core`` tiles a core,
-    else the last (a prefill chunk: wide tiles; a decode batch: narrow ones over many cores), the
-    interpreter one ``[KP, KP]`` block a row (``KP = next_pow2(selected)``, at most ``lanes``
-    compares)."""
-    return _cached_plan(_topk, ("topk_select", "topk_order"), (int(num_rows), int(width), int(selected)), device,
-                        launch_options, cores)
+    ``select``: one row (or one segment of a row) per tile, held as an ``[NT, T]`` register tile
+    (``NT * T >= width``; compiled backends use ``T`` fixed and ``NT`` in ``{NT_MIN, NT_MAX}`` for
+    whole rows, the power of two that holds a segment for split rows; the interpreter shrinks
+    both to the row); compaction in ``CHUNK`` lanes at a time. Fewer rows than cores split each
+    row into ``segments`` (``TUNING["topk_select"]``: ``MAX_SEGMENTS``, at most ``max_segments``
+    when given; every segment holds at least ``selected`` keys), and ``merge`` selects the
+    ``selected`` largest of the ``segments * selected`` candidates (the K largest of a row are
+    among its segments' K largest). ``order``: tiles of (row, ``CH`` selected keys), each ranked
+    against the row's ``selected`` keys in blocks of ``KB``; compiled backends take the first
+    ``(KB, CH)`` of ``TILES`` that gives ``tiles_per_core`` tiles a core, else the last (a prefill
+    chunk: wide tiles; a decode batch: narrow ones over many cores), the interpreter one ``[KP,
+    KP]`` block a row (``KP = next_pow2(selected)``, at most ``lanes`` compares)."""
+    limit = -1 if max_segments is None else max(1, int(max_segments))
+    return _cached_plan(_topk, ("topk_select", "topk_order"), (int(num_rows), int(width), int(selected), limit),
+                        device, launch_options, cores)
 
 
-def _topk(backend, cores, options, explicit, num_rows, width, selected):
+def topk_segments(num_rows: int, width: int, selected: int, cores: Optional[int], max_segments: int) -> int:
+    """Segments a row of ``width`` keys is split into (:func:`topk_plans`): the largest power of
+    two ``S <= max_segments`` with ``num_rows * S <= cores``, ``S * S <= width / selected`` (the
+    segments' ``width / S`` lanes against the merge's ``S * selected``) and every segment of
+    ``cdiv(width, S)`` keys, the last included, holding at least ``selected``; 1 without cores."""
+    s = 1
+    while cores and selected > 0 and s * 2 <= max_segments and num_rows * s * 2 <= cores:
+        nxt = s * 2
+        seg = cdiv(width, nxt)
+        if nxt * nxt * selected > width or width - (nxt - 1) * seg < selected:
+            break
+        s = nxt
+    return s
+
+
+def _select_tile(sel: dict, backend: str, lanes: int, exact: bool) -> Tuple[int, int]:
+    """``(NT, T)`` of a select tile of ``lanes`` keys: the interpreter's shrunk to the row, compiled
+    ones ``NT_MIN``/``NT_MAX`` (``exact`` False: two shapes for any width) or the power of two."""
+    if backend == "cpu":
+        t = max(MIN_DOT, min(128, next_pow2(cdiv(max(lanes, 1), MIN_DOT))))
+        return max(sel["NT_MIN"], next_pow2(cdiv(lanes, t))), t
+    t = sel["T"]
+    if exact:
+        return max(sel["NT_MIN"], next_pow2(cdiv(lanes, t))), t
+    return (sel["NT_MIN"] if lanes <= sel["NT_MIN"] * t else sel["NT_MAX"]), t
+
+
+def _select_plan(sel, backend, cores, options, explicit, tiles, nt, t) -> LaunchPlan:
+    chunk = min(sel.get("CHUNK") or nt * t, nt * t)
+    # cuda: a warp per 1024 resident keys, 4..16 (H200, 64 x 16384: 16 warps 39 us, 32 warps 44)
+    warps = dict(num_warps=max(4, min(16, nt * t // 1024))) if backend == "cuda" else {}
+    return _make("topk_select", tiles, backend, cores, options, explicit, dict(NT=nt, T=t, CHUNK=chunk), **warps)
+
+
+def _topk(backend, cores, options, explicit, num_rows, width, selected, limit):
     sel, order = TUNING["topk_select"][backend], TUNING["topk_order"][backend]
     if backend == "cpu":
-        t = max(MIN_DOT, min(128, next_pow2(cdiv(max(width, 1), MIN_DOT))))
-        nt = max(sel["NT_MIN"], next_pow2(cdiv(width, t)))
         kb = max(MIN_DOT, next_pow2(selected))
         ch = max(1, min(kb, order["lanes"] // kb))
     else:
-        t = sel["T"]
-        nt = sel["NT_MIN"] if width <= sel["NT_MIN"] * t else sel["NT_MAX"]
         enough = order["tiles_per_core"] * (cores or 1)
         kb, ch = next((tile for tile in order["TILES"] if num_rows * cdiv(selected, tile[1]) >= enough),
                       order["TILES"][-1])
+    nt, t = _select_tile(sel, backend, width, False)
     if nt > sel["NT_MAX"] or nt * t < width or selected < 1:
         return None
-    # cuda: a warp per 1024 resident keys, 4..16 (H200, 64 x 16384: 16 warps 39 us, 32 warps 44)
-    warps = dict(num_warps=max(4, min(16, nt * t // 1024))) if backend == "cuda" else {}
-    first = _make("topk_select", num_rows, backend, cores, options, explicit,
-                  dict(NT=nt, T=t), **warps)
+    most = sel.get("MAX_SEGMENTS", 1) if limit < 0 else min(limit, sel.get("MAX_SEGMENTS", 1))
+    segments = topk_segments(num_rows, width, selected, cores if cores else sel.get("SPLIT_CORES"), most)
+    merge = None
+    if segments > 1:      # segment and merge tiles: the powers of two that hold them (S * K <= width / S)
+        nt, t = _select_tile(sel, backend, cdiv(width, segments), True)
+        merge = _select_plan(sel, backend, cores, options, explicit, num_rows,
+                             *_select_tile(sel, backend, segments * selected, True))
+    first = _select_plan(sel, backend, cores, options, explicit, num_rows * segments, nt, t)
     second = _make("topk_order", num_rows * cdiv(selected, ch), backend, cores, options, explicit,
                    dict(KB=kb, CH=ch))
-    return first, second
+    return TopkPlans(first, second, merge, segments, cdiv(width, segments), selected)
 
 
 def score_scratch_rows(max_pool_seq_len: int, scratch_bytes: int, max_score_rows: Optional[int] = None) -> int:

@@ -7,21 +7,26 @@ the canonical order: descending score, ties to the lower pool id, LOWEST (invali
 ``selected`` largest keys, in descending key order, are exactly what a stable descending sort
 of the scores puts first, bit for bit, whatever algorithm finds them.
 
-:func:`select_topk` finds them with two portable Triton launches (no ``tl.sort``/``tl.topk``,
-no atomics, no histogram op: platform-numerics.md §6.1), only integer compares and shifts,
-exact integer ``tl.sum`` counts and one exact int32 ``tl.cumsum``:
+:func:`select_topk` finds them with two or three portable Triton launches (no
+``tl.sort``/``tl.topk``, no atomics, no histogram op: platform-numerics.md §6.1), only integer
+compares and shifts, exact integer ``tl.sum`` counts and exact int32 ``tl.cumsum`` scans:
 
-1. :func:`_select_kernel`, one row per tile, the row's 32-bit images held in registers (a 1-D
-   block of ``NT * T``, read once): a bitwise binary search for the K-th largest image ``v`` (32
-   counting passes over the registers; after the sign pass each counts by subtract and shift on
-   images clamped to ``v``'s half), then the tie fix-up: of the keys whose image is ``v``
-   only the largest low words (``0xFFFFFFFF - pool``: the lowest ids) are kept, as many as
-   ``K - #(image > v)`` (a second bitwise search, over the low words; skipped when no tie crosses
-   the K-th place). So the kernel returns the K largest of any unique int64 keys. Exactly K
-   lanes are chosen; each key (read again from the cache-resident row) is stored at its lane's
-   exclusive prefix count, one scan over the resident block: compacted in pool order into a
-   work row.
-2. :func:`_order_kernel`: each compacted key's rank is the number of the row's K keys above it
+1. :func:`_select_kernel`, one row (or row segment) per tile, its 32-bit images held in
+   registers (a 1-D block of ``NT * T``, read once): a bitwise binary search for the K-th
+   largest image ``v`` (32 counting passes over the registers; after the sign pass each counts
+   by subtract and shift on images clamped to ``v``'s half), then the tie fix-up: of the keys
+   whose image is ``v`` only the largest low words (``0xFFFFFFFF - pool``: the lowest ids) are
+   kept, as many as ``K - #(image > v)`` (a second bitwise search, over the low words; skipped
+   when no tie crosses the K-th place). So the kernel returns the K largest of any unique int64
+   keys. Exactly K lanes are chosen; each key is stored at its lane's exclusive prefix count,
+   ``CHUNK`` lanes at a time (keys and images read again from the cache-resident row):
+   compacted in pool order into a work row.
+2. Only when a batch has fewer rows than cores (``kpool.ops.plan.topk_plans``): step 1 ran on
+   ``S`` segments of each row (tile = (row, segment), ``S * K`` candidates a row, in pool order),
+   and the same kernel selects the K largest of those candidates. The K largest keys of a row
+   are among its segments' K largest (fewer than K keys of the row are above such a key, so fewer
+   than K of its segment are), so the result is the same keys, in the same pool order.
+3. :func:`_order_kernel`: each compacted key's rank is the number of the row's K keys above it
    (keys are unique: a permutation), counted block by block in registers; the key is stored at
    its rank. Any ``K`` (the blocks loop at run time).
 
@@ -53,29 +58,35 @@ def _count(cond):
 
 
 @triton.jit(do_not_specialize=["stride_keys_t", "stride_work_t", "num_requests", "row_start", "num_rows", "width",
-                                "selected"])
+                                "selected", "segments", "segment_width"])
 def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, cum_query_lens_ptr, num_requests,
-                   row_start, num_rows, width, selected,
-                   NT: tl.constexpr, T: tl.constexpr):
-    """Launch 1 of :func:`select_topk`: the ``selected`` largest keys of each live row of
-    ``keys_ptr`` (int64 ``[num_rows, >= width]``, unit column stride; ``image_ptr`` the same
+                   row_start, num_rows, width, selected, segments, segment_width,
+                   NT: tl.constexpr, T: tl.constexpr, CHUNK: tl.constexpr):
+    """Launch 1 of :func:`select_topk`: the ``selected`` largest keys of each segment of each live
+    row of ``keys_ptr`` (int64 ``[num_rows, >= width]``, unit column stride; ``image_ptr`` the same
     memory as int32, whose odd elements are the keys' high words, little-endian), compacted in
-    pool order into ``work_ptr`` (int64 ``[num_rows, >= selected]``). Row ``i`` is batch row
-    ``row_start + i``; rows at or past ``T_live`` are skipped."""
+    pool order into ``work_ptr`` (int64 ``[num_rows, >= segments * selected]``: segment ``s`` at
+    ``s * selected``). A row is ``segments`` segments of ``segment_width`` keys (the last may hold
+    fewer, at least ``selected``); tile = (row, segment). Row ``i`` is batch row ``row_start + i``;
+    rows at or past ``T_live`` are skipped."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     col = tl.arange(0, NT * T)                                             # pool ids (1-D: one-level reductions)
+    part = tl.arange(0, CHUNK)
     live = tl.minimum(num_rows, tl.load(cum_query_lens_ptr + num_requests - 1) - row_start)
-    for i in range(pid, live, nprog):
-        keys_row = keys_ptr + tl.cast(i, tl.int64) * stride_keys_t
-        image_row = image_ptr + tl.cast(i, tl.int64) * (2 * stride_keys_t) + 1
+    for tile in range(pid, live * segments, nprog):
+        i = tile // segments
+        first = (tile - i * segments) * segment_width
+        lanes = tl.minimum(segment_width, width - first)                   # this segment's keys
+        keys_row = keys_ptr + tl.cast(i, tl.int64) * stride_keys_t + first
+        image_row = image_ptr + (tl.cast(i, tl.int64) * stride_keys_t + first) * 2 + 1
         # The row's images stay in registers for the counting passes (read once).
-        image = tl.load(image_row + 2 * col, mask=col < width, other=INT32_MIN_C)
+        image = tl.load(image_row + 2 * col, mask=col < lanes, other=INT32_MIN_C)
         # v = the largest int32 with #(image >= v) >= selected, bit by bit from the sign bit;
         # at_v = #(image >= v).
         at_v = _count(image >= 0)
         v = tl.where(at_v >= selected, 0, INT32_MIN_C)
-        at_v = tl.where(at_v >= selected, at_v, width)
+        at_v = tl.where(at_v >= selected, at_v, lanes)
         # Every later candidate has v's sign, so the images are clamped to v's half (-1 or 0 at
         # its edge: no compare against v or a candidate changes). Then image - cand cannot
         # overflow, and #(image >= cand) = lanes + sum((image - cand) >> 31): a subtract and a
@@ -92,11 +103,12 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
         # Ties at v beyond the K-th: keep the largest low words (0xFFFFFFFF - pool: the lowest
         # ids), as many as need. u = the largest int32 with #(tie & low >= u) >= need, low being
         # the low word with its sign bit flipped (unsigned order as signed), bit by bit again;
-        # skipped when every pool at v is selected (at_v == selected: no tie crosses the K-th place).
-        chosen = (image >= v) & (col < width)
+        # skipped when every pool at v is selected (at_v == selected: no tie crosses the K-th
+        # place), u then INT32_MIN: every tie kept.
+        u = INT32_MIN_C
         if at_v > selected:
             need = selected - _count(image > v)
-            tie = (image == v) & (col < width)
+            tie = (image == v) & (col < lanes)
             # INT32_MIN off the ties: never counted, since every candidate is above it
             low = tl.where(tie, tl.load(image_row - 1 + 2 * col, mask=tie, other=0) ^ INT32_MIN_C, INT32_MIN_C)
             at_u = _count(low >= 0)
@@ -108,22 +120,29 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
                     n = _count(low >= cand)
                     u = tl.where(n >= need, cand, u)
                     at_u = tl.where(n >= need, n, at_u)
-            # u is above INT32_MIN (fewer than all ties are kept, their low words differ): `low >= u`
-            # holds on kept ties only
-            chosen = (image > v) | (low >= u)
-        # Compaction: exactly `selected` lanes are chosen; each goes to its exclusive prefix count
-        # (one exact int32 scan over the resident row), its key read from the cache-resident row.
-        slot = int32_of(tl.cumsum(tl.where(chosen, 1, 0), axis=0)) - 1
-        key = tl.load(keys_row + col, mask=chosen, other=0)
-        # (slot < selected: only keys that are not unique could choose more; never written past the row)
-        tl.store(work_ptr + tl.cast(i, tl.int64) * stride_work_t + slot, key, mask=chosen & (slot < selected))
+        # Compaction: exactly `selected` keys are chosen (image > v, or image == v and low >= u);
+        # each goes to its exclusive prefix count, CHUNK lanes at a time (a short scan each, keys
+        # and images read again from the cache-resident row), until all are placed.
+        work_row = work_ptr + tl.cast(i, tl.int64) * stride_work_t + (tile - i * segments) * selected
+        placed = 0
+        for c in range(0, tl.cdiv(lanes, CHUNK)):
+            if placed < selected:
+                lane = c * CHUNK + part
+                image_c = tl.load(image_row + 2 * lane, mask=lane < lanes, other=INT32_MIN_C)
+                key = tl.load(keys_row + lane, mask=(lane < lanes) & (image_c >= v), other=0)
+                low_c = (key & 0xFFFFFFFF).to(tl.int32) ^ INT32_MIN_C
+                chosen = (lane < lanes) & ((image_c > v) | ((image_c == v) & (low_c >= u)))
+                slot = placed + int32_of(tl.cumsum(tl.where(chosen, 1, 0), axis=0)) - 1
+                # (slot < selected: only keys that are not unique could choose more; never written past the row)
+                tl.store(work_row + slot, key, mask=chosen & (slot < selected))
+                placed += _count(chosen)
 
 
 @triton.jit(do_not_specialize=["stride_work_t", "stride_out_t", "num_requests", "row_start", "num_rows",
                                 "selected"])
 def _order_kernel(work_ptr, stride_work_t, out_ptr, stride_out_t, cum_query_lens_ptr, num_requests,
                   row_start, num_rows, selected, KB: tl.constexpr, CH: tl.constexpr):
-    """Launch 2 of :func:`select_topk`: each of a row's ``selected`` compacted keys goes to
+    """The ranking launch of :func:`select_topk`: each of a row's ``selected`` compacted keys goes to
     ``out_ptr`` (int64 ``[num_rows, >= selected]``) at its rank, the number of the row's keys
     above it (keys are unique). Tile = (live row, ``CH`` of its keys); the row's keys come in
     blocks of ``KB`` as ``[KB, CH]`` compares summed over the block axis, which the CUDA layout
@@ -157,7 +176,10 @@ def select_topk(keys: torch.Tensor, selected: int, *, out=None, work=None, cum_q
         selected: keys to keep, ``0 <= selected <= n`` (``min(K_pool, max_pool_seq_len)``).
         out: optional int64 ``[>= rows, selected]`` result buffer (unit column stride); rows
             ``>= rows`` are untouched.
-        work: optional int64 ``[>= rows, >= selected]`` compaction buffer (unit column stride).
+        work: optional int64 ``[>= rows, >= selected]`` compaction buffer (unit column stride); a
+            row split into ``S`` segments (``kpool.ops.plan.topk_plans``) needs ``(S + 1) *
+            selected`` columns, so a narrower buffer splits rows into fewer segments (none at
+            ``selected`` columns). ``kpool.ops.plan.topk_plans(...).work_width`` gives the width.
         cum_query_lens: optional int32 ``[R]`` exclusive query ends: rows ``i`` with
             ``row_start + i >= cum_query_lens[R - 1]`` (read on the device) are skipped and their
             ``out`` rows left as they were; ``None``: every row is selected.
@@ -188,23 +210,33 @@ def select_topk(keys: torch.Tensor, selected: int, *, out=None, work=None, cum_q
     result = out[:rows, :selected]
     if rows == 0 or selected == 0:
         return result
-    plans = launch_plan.topk_plans(rows, width, selected, keys.device, launch_options)
+    # a given work buffer bounds the segments: S * K candidates and the K merged need (S + 1) * K columns
+    most = None if work is None else max(1, work.shape[1] // selected - 1)
+    plans = launch_plan.topk_plans(rows, width, selected, keys.device, launch_options, max_segments=most)
     if plans is None:     # outside the register tiles: the same keys, sorted (every row: no host read of T_live)
         result.copy_(torch.topk(keys, selected, dim=1, largest=True, sorted=True).values)
         return result
     if work is None:
-        work = torch.empty((rows, selected), dtype=torch.int64, device=keys.device)
+        work = torch.empty((rows, plans.work_width), dtype=torch.int64, device=keys.device)
     if cum_query_lens is None:
         cum_query_lens, row_start = torch.full((1,), rows, dtype=torch.int32, device=keys.device), 0
     cum_query_lens = cum_query_lens.contiguous()
     R = int(cum_query_lens.shape[0])
     if R == 0:                               # no request: no live row
         return result
-    first, second = plans
-    _select_kernel[(first.grid,)](keys, keys.view(torch.int32), keys.stride(0), work, work.stride(0), cum_query_lens, R, row_start, rows,
-                                  width, selected, **first.constexprs, **first.options)
-    _order_kernel[(second.grid,)](work, work.stride(0), result, result.stride(0), cum_query_lens, R, row_start, rows,
-                                  selected, **second.constexprs, **second.options)
+    select, order = plans.select, plans.order
+    _select_kernel[(select.grid,)](keys, keys.view(torch.int32), keys.stride(0), work, work.stride(0), cum_query_lens,
+                                   R, row_start, rows, width, selected, plans.segments, plans.segment_width,
+                                   **select.constexprs, **select.options)
+    if plans.merge is not None:        # the row's K largest among its segments' (candidates: work[:, :S * K])
+        merged = work[:, plans.segments * selected:]
+        _select_kernel[(plans.merge.grid,)](work, work.view(torch.int32), work.stride(0), merged, merged.stride(0),
+                                            cum_query_lens, R, row_start, rows, plans.segments * selected, selected,
+                                            1, plans.segments * selected, **plans.merge.constexprs,
+                                            **plans.merge.options)
+        work = merged
+    _order_kernel[(order.grid,)](work, work.stride(0), result, result.stride(0), cum_query_lens, R, row_start, rows,
+                                 selected, **order.constexprs, **order.options)
     return result
 
 
