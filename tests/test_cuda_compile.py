@@ -118,12 +118,12 @@ def _combos():
         # (register cap included) are the plan's
         Hd = 3 if mode == 1 else H
         for outer in (False, True) if H == 32 else (False,):
-            dec_plan = plan.score_decode_plan(1, 4096, Hd, D, "cuda", cores=132, num_rows=1 + outer,
-                                              merged=mode == 1)
             yield (f"score_decode H={Hd} D={D} mode={mode}" + (" key-tile-outer" if outer else ""),
                    score._score_decode_kernel,
                    dict(common, HP=max(plan.MIN_DOT, plan.next_pow2(Hd)), BLOCK_N=dec["BLOCK_N"],
-                        KEY_TILE_OUTER=outer, ROW_STACK=dec_plan.constexprs["ROW_STACK"]), w, dec_plan.options)
+                        KEY_TILE_OUTER=outer), w,
+                   plan.score_decode_plan(1, 4096, Hd, D, "cuda", cores=132, num_rows=1 + outer,
+                                          merged=mode == 1).options)
         yield (f"score_prefill H={H} D={D} mode={mode}", score._score_prefill_kernel,
                dict(common, BLOCK_M=pre["BLOCK_M"], BLOCK_N=pre["BLOCK_N"]), w,
                {"num_warps": pre["num_warps"], "num_stages": pre["num_stages"]})

@@ -75,12 +75,10 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # maxnreg(_key_tile_outer): ptxas register cap of each loop order (0: none), so that one more
     # program fits an SM (decode 194 -> 168 registers: 2 -> 3 programs an SM, the key stream's
     # occupancy; docs/kernels.md "Register caps")
-    # row_stack: key tile outer, mode (R): this many rows of a request in one dot (their queries side
-    # by side in the dot's N; 1: a dot per row). NPU: unmeasured, a dot per row
     "score_decode": {"cuda": dict(BLOCK_N=128, per_core=3, per_core_key_tile_outer=16, num_warps=4, num_stages=2,
-                                  maxnreg=168, maxnreg_key_tile_outer=0, row_stack=4),
+                                  maxnreg=168, maxnreg_key_tile_outer=128),
                      "npu": dict(BLOCK_N=64, per_core=1),
-                     "cpu": dict(BLOCK_N=0, cap=64, row_stack=4)},                  # BLOCK_N=0: whole row (<= 4096)
+                     "cpu": dict(BLOCK_N=0, cap=64)},                  # BLOCK_N=0: whole row (<= 4096)
     "score_prefill": {"cuda": dict(BLOCK_M=64, BLOCK_N=128, per_core=2, num_warps=4, num_stages=3),
                       "npu": dict(BLOCK_M=64, BLOCK_N=64, per_core=1),
                       "cpu": dict(BLOCK_M=64, BLOCK_N=0, cap=64)},
@@ -426,8 +424,7 @@ def _score_decode(backend, cores, options, explicit, num_requests, max_pool_seq_
     return _make("score_decode", tiles, backend, cores, options, explicit,
                  dict(BLOCK_N=block_n, HP=max(MIN_DOT, next_pow2(num_heads)),
                       DP=max(MIN_DOT, next_pow2(head_dim)), DECODE_ROWS=DECODE_ROWS,
-                      DOT_F32=backend == "cpu", KEY_TILE_OUTER=key_tile_outer,
-                      ROW_STACK=tune.get("row_stack", 1) if key_tile_outer and not merged else 1),
+                      DOT_F32=backend == "cpu", KEY_TILE_OUTER=key_tile_outer),
                  per_core_key="per_core_key_tile_outer" if key_tile_outer else "per_core",
                  **({"maxnreg": cap} if cap and backend == "cuda" and not merged else {}))
 

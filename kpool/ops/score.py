@@ -165,37 +165,6 @@ def _exact_and_store(score, needs_exact, qbar_row_ptr, cache_ptr, cells, load_ok
     _store_keys(key_row + pools, pools, score_key_hi(score, pools >= vis), pools < max_pool_seq_len)
 
 
-@triton.jit
-def _score_row_group(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr, stride_weights_t,
-                     stride_weights_h, positions_ptr, keys_ptr, stride_keys_t, key_tile, g, hi, row_start, pools,
-                     pools_of_req, max_pool_seq_len, dims, H, D, P, VQ: tl.constexpr, W_BF16: tl.constexpr,
-                     DOT_F32: tl.constexpr, HP: tl.constexpr, BLOCK_N: tl.constexpr, ROW_STACK: tl.constexpr):
-    """Mode (R) keys of one key tile for the rows ``g .. min(g + ROW_STACK, hi) - 1`` of a request:
-    their queries side by side as one ``[DP, ROW_STACK * HP]`` dot operand (column ``c`` = row
-    ``c // HP``, head ``c % HP``; rows past ``hi`` and padded heads exact zeros), one dot, then per
-    row :func:`_head_sum`'s terms summed over its own ``HP`` columns. Every output cell is the same
-    dot product over ``D`` as in the one-row dot (kpool-algorithm.md §4.2), so a row's bits do not
-    depend on the rows stacked beside it (tested: rows scored as alone)."""
-    cols = tl.arange(0, ROW_STACK * HP)
-    col_head = cols % HP
-    t_col = g + cols // HP
-    col_ok = (t_col < hi) & (col_head < H)
-    q_rows = load_bf16_operand(q_ptr + (q_offset + t_col.to(tl.int64) * stride_q_t) * VQ
-                               + col_head[None, :] * (stride_q_h * VQ) + dims[:, None] * stride_q_d,
-                               (dims < D)[:, None] & col_ok[None, :], DOT_F32)
-    w = load_f32(weights_ptr + t_col.to(tl.int64) * stride_weights_t + col_head * stride_weights_h, col_ok, W_BF16)
-    s = tl.dot(key_tile, q_rows, input_precision="ieee")                        # [BLOCK_N, ROW_STACK * HP]
-    term = tl.where(s < 0, (w * 0.0)[None, :], w[None, :] * s)
-    term = tl.where((col_head < H)[None, :], term, 0.0)
-    score = tl.sum(tl.reshape(term, (BLOCK_N, ROW_STACK, HP)), axis=2)         # [BLOCK_N, ROW_STACK]
-    rows = g + tl.arange(0, ROW_STACK)
-    row_ok = rows < hi
-    vis = visible_pools(tl.load(positions_ptr + rows, mask=row_ok, other=0).to(tl.int32), pools_of_req, P)
-    _store_keys(keys_ptr + (rows - row_start).to(tl.int64)[None, :] * stride_keys_t + pools[:, None],
-                pools[:, None], score_key_hi(score, pools[:, None] >= vis[None, :]),
-                (pools < max_pool_seq_len)[:, None] & row_ok[None, :])
-
-
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ["num_segments"] + _CONFIG_RUNTIME)
 def _score_decode_kernel(
     q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d,
@@ -208,7 +177,6 @@ def _score_decode_kernel(
     MODE: tl.constexpr, W_BF16: tl.constexpr, D_FULL: tl.constexpr,
     WIDE: tl.constexpr, VQ: tl.constexpr, VC: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr,
     BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr, KEY_TILE_OUTER: tl.constexpr,
-    ROW_STACK: tl.constexpr,
 ):
     """Keys of the rows ``[row_start, row_start + num_rows)`` that belong to decode-sized
     requests. Tile = (request, segment of its pool blocks): the request's metadata is loaded once,
@@ -266,40 +234,32 @@ def _score_decode_kernel(
                                                      page_size, num_pages, cache_offset, stride_cache_n, stride_cache_b,
                                                      stride_cache_d, stride_block_table_r, stride_block_table_m,
                                                      block_table_width, WIDE, VC, D_FULL, DOT_F32)
-                    if ROW_STACK > 1:   # mode (R) only (the plan): ROW_STACK rows in one dot
-                        for g in range(lo, hi, ROW_STACK):
-                            _score_row_group(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr,
-                                             stride_weights_t, stride_weights_h, positions_ptr, keys_ptr,
-                                             stride_keys_t, key_tile, g, hi, row_start, pools, pools_of_req,
-                                             max_pool_seq_len, dims, H, D, P, VQ, W_BF16, DOT_F32, HP, BLOCK_N,
-                                             ROW_STACK)
-                    else:
+                    if MODE == 1:
+                        key_nonfinite = _nonfinite_rows(key_tile)
+                    for i in range(0, hi - lo):
+                        t = lo + i                  # (a tensor on every backend: the interpreter's range yields ints)
+                        vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
+                        load_ok = pools < vis       # this row's own visible pools
+                        q_t, w = _load_query_row(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr,
+                                                 stride_weights_t, stride_weights_h, t, heads, dims, H, D, VQ, W_BF16,
+                                                 DOT_F32)
+                        # Each score cell depends on its own key row only, so the key rows this row
+                        # does not see (loaded for a longer row) change none of its visible cells.
+                        s = tl.dot(key_tile, q_t, input_precision="ieee")                   # [BLOCK_N, HP]
+                        score = _head_sum(s, w, heads, H, MODE)
+                        needs_exact = False
                         if MODE == 1:
-                            key_nonfinite = _nonfinite_rows(key_tile)
-                        for i in range(0, hi - lo):
-                            t = lo + i                  # (a tensor on every backend: the interpreter's range yields ints)
-                            vis = visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P)
-                            load_ok = pools < vis       # this row's own visible pools
-                            q_t, w = _load_query_row(q_ptr, q_offset, stride_q_t, stride_q_h, stride_q_d, weights_ptr,
-                                                     stride_weights_t, stride_weights_h, t, heads, dims, H, D, VQ, W_BF16,
-                                                     DOT_F32)
-                            # Each score cell depends on its own key row only, so the key rows this row
-                            # does not see (loaded for a longer row) change none of its visible cells.
-                            s = tl.dot(key_tile, q_t, input_precision="ieee")                   # [BLOCK_N, HP]
-                            score = _head_sum(s, w, heads, H, MODE)
-                            needs_exact = False
-                            if MODE == 1:
-                                # merged_needs_exact's test on this row's own visible key rows only (as
-                                # when the tile was loaded for this row): a non-finite key that only a
-                                # longer row sees must not move this row to the exact path. Counted per
-                                # key row once per tile: masking the tile per row spilled at H=32, D=128
-                                # on sm_90 (ptxas).
-                                bad_keys = tl.sum(tl.where(load_ok, key_nonfinite, 0), axis=0)
-                                needs_exact = (bad_keys > 0) | (tl.load(nonfinite_ptr + t) != 0)
-                            _exact_and_store(score, needs_exact, qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr,
-                                             cells, load_ok, stride_cache_d, DP if D_FULL else D,
-                                             keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t, pb * BLOCK_N,
-                                             offs_n, vis, max_pool_seq_len, MODE, DOT_F32)
+                            # merged_needs_exact's test on this row's own visible key rows only (as
+                            # when the tile was loaded for this row): a non-finite key that only a
+                            # longer row sees must not move this row to the exact path. Counted per
+                            # key row once per tile: masking the tile per row spilled at H=32, D=128
+                            # on sm_90 (ptxas).
+                            bad_keys = tl.sum(tl.where(load_ok, key_nonfinite, 0), axis=0)
+                            needs_exact = (bad_keys > 0) | (tl.load(nonfinite_ptr + t) != 0)
+                        _exact_and_store(score, needs_exact, qbar_ptr + t.to(tl.int64) * stride_qbar_t, cache_ptr,
+                                         cells, load_ok, stride_cache_d, DP if D_FULL else D,
+                                         keys_ptr + (t - row_start).to(tl.int64) * stride_keys_t, pb * BLOCK_N,
+                                         offs_n, vis, max_pool_seq_len, MODE, DOT_F32)
             else:
                 for i in range(0, hi - lo):
                     t = lo + i                      # (a tensor on every backend: the interpreter's range yields ints)
