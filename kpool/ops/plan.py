@@ -102,11 +102,12 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # sqrt(width / K)): the K largest of each segment, then the K largest of those S x K, so a
     # decode row's passes run on S cores instead of one. Compaction walks CHUNK lanes at a time
     # (a short scan each; 0: the whole tile in one scan). H200 (docs/kernels.md "Split rows"):
-    # batch 1 48.1 us one segment -> 41.6 at 4-8; CHUNK 2048 40.7, 1024 41.6, 512 42.4, 0 40.9 (it
-    # spills 192 bytes at 16384 lanes on sm_90; 2048 compiles spill-free).
+    # batch 1 48.1 us one segment -> 41.6 at 4-8; CHUNK 2048 40.7, 1024 41.6, 512 42.4, 0 40.9, but
+    # the many-row selects pay for the re-reads (MTP=3 select 47.6 -> 55.1 us at 1024), so one scan
+    # (192 bytes spilled at 16384 lanes on sm_90, bounded in tests/test_cuda_compile.py).
     # (NPU: unmeasured, one segment; the interpreter has no cores: SPLIT_CORES stands in, None there
     # so a CPU run takes one segment and one chunk, as tests that set them exercise both paths.)
-    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2, MAX_SEGMENTS=8, CHUNK=2048),
+    "topk_select": {"cuda": dict(T=128, NT_MIN=16, NT_MAX=128, per_core=2, MAX_SEGMENTS=8, CHUNK=0),
                     "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1, MAX_SEGMENTS=1, CHUNK=0),
                     "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT, MAX_SEGMENTS=1, CHUNK=0,
                                 SPLIT_CORES=None)},
