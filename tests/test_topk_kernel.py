@@ -105,13 +105,16 @@ def test_compiled_plans_use_few_shapes_and_fall_back_past_them(backend):
                 nt, t = p.select.constexprs["NT"], p.select.constexprs["T"]
                 assert nt * t >= p.segment_width and p.segments * p.segment_width >= width
                 (split if p.segments > 1 else whole).add(nt)
+                ranked = rows * (p.segments * p.selected) ** 2 <= order["RANK_MERGE"]
                 if p.segments > 1:
                     assert rows * p.segments <= 8 and p.segments <= tune["MAX_SEGMENTS"]
                     assert width - (p.segments - 1) * p.segment_width >= p.selected == min(selected, width)
+                if p.segments > 1 and not ranked:
                     assert p.merge.constexprs["NT"] * t >= p.segments * p.selected and p.merge.tiles == rows
-                    assert p.work_width == (p.segments + 1) * p.selected
-                else:
-                    assert p.merge is None and p.work_width == p.selected
+                    assert p.work_width == (p.segments + 1) * p.selected and p.candidates == p.selected
+                else:   # unsplit, or the ranking merges the candidates
+                    assert p.merge is None and p.work_width == p.candidates == p.segments * p.selected
+                assert p.order.tiles == rows * -(-p.candidates // p.order.constexprs["CH"])
                 assert (p.order.constexprs["KB"], p.order.constexprs["CH"]) in order["TILES"]
     assert len(whole) <= 2 and all(nt & (nt - 1) == 0 and nt <= tune["NT_MAX"] for nt in split)
     assert bool(split) == (tune["MAX_SEGMENTS"] > 1)
@@ -138,29 +141,36 @@ def test_rows_split_only_into_segments_that_pay():
         assert width - (s - 1) * -(-width // s) >= selected and s * s * selected <= width or s == 1
 
 
-def _split_cpu(monkeypatch, segments, chunk):
-    """Interpreter plans that split rows into up to ``segments`` and compact ``chunk`` lanes at a time."""
+def _split_cpu(monkeypatch, segments, chunk, rank_merge=0):
+    """Interpreter plans that split rows into up to ``segments``, compact ``chunk`` lanes at a time
+    and let the ranking merge the candidates up to ``rank_merge`` compares."""
     tune = dict(plan.TUNING["topk_select"]["cpu"], MAX_SEGMENTS=segments, SPLIT_CORES=128, CHUNK=chunk)
     monkeypatch.setitem(plan.TUNING["topk_select"], "cpu", tune)
+    monkeypatch.setitem(plan.TUNING["topk_order"], "cpu", dict(plan.TUNING["topk_order"]["cpu"], RANK_MERGE=rank_merge))
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="interpreter plans (SPLIT_CORES stands in for cores)")
-@pytest.mark.parametrize("segments,chunk", [(1, 16), (2, 32), (4, 16), (8, 64)])
-def test_split_rows_and_chunked_compaction_give_the_stable_sort(monkeypatch, segments, chunk):
-    """Rows split into segments (the K largest of each, then of the candidates) and compaction a
-    chunk at a time: the same canonical top-k, bit for bit, as one whole-row pass; adversarial rows
-    (ties across segment edges, nothing valid, fewer valid than K), a last segment shorter than the
-    rest, live rows only, a given work buffer too narrow for every segment."""
-    _split_cpu(monkeypatch, segments, chunk)
+@pytest.mark.parametrize("segments,chunk,rank_merge", [(1, 16, 0), (2, 32, 0), (4, 16, 0), (8, 64, 0),
+                                                       (2, 16, 2 ** 30), (8, 32, 2 ** 30)])
+def test_split_rows_and_chunked_compaction_give_the_stable_sort(monkeypatch, segments, chunk, rank_merge):
+    """Rows split into segments (the K largest of each, then of the candidates: by a merge launch,
+    or by the ranking itself when ``rank_merge`` allows) and compaction a chunk at a time: the same
+    canonical top-k, bit for bit, as one whole-row pass; adversarial rows (ties across segment
+    edges, nothing valid, fewer valid than K), a last segment shorter than the rest, live rows only,
+    a given work buffer too narrow for every segment."""
+    _split_cpu(monkeypatch, segments, chunk, rank_merge)
     for n, selected in ((257, 5), (700, 40), (1000, 1), (1000, 250), (130, 16)):
         scores = _adversarial(n, n + segments)
         keys = topk.canonical_keys(scores).to(DEV)
         p = plan.topk_plans(scores.shape[0], n, selected, DEV)
         assert p.segments == max(s for s in (1, 2, 4, 8) if s <= segments
                                  and plan.topk_segments(scores.shape[0], n, selected, 128, s) == s)
+        assert (p.merge is None) == (p.segments == 1 or rank_merge > 0)
         got = topk.select_topk(keys, selected).cpu()
         assert torch.equal(got, _want(scores, selected)), (n, selected, p.segments)
         narrow = torch.full((scores.shape[0], selected * 2), 5, dtype=torch.int64, device=DEV)
+        fits = plan.topk_plans(scores.shape[0], n, selected, DEV, work_columns=selected * 2).segments
+        assert fits == (min(2, p.segments) if rank_merge else 1)
         assert torch.equal(topk.select_topk(keys, selected, work=narrow).cpu(), got)
     scores = torch.randint(-3, 4, (6, 600), generator=torch.Generator().manual_seed(segments)).float()
     keys = topk.canonical_keys(scores).to(DEV)
@@ -186,24 +196,27 @@ def test_ranking_tiles_narrow_for_few_rows():
 def test_order_kernel_ranks_across_blocks_and_tiles(kb, ch):
     """The ranking launch alone, at the compiled backends' block and tile sizes (the interpreter's
     own plan takes one block a row): work rows in any order, K not a multiple of either, keys at
-    both int64 ends, live rows only; each row comes out in descending key order."""
+    both int64 ends, live rows only; each row comes out in descending key order, and when it ranks
+    more candidates than it keeps (a split row's merge) only the K largest are written."""
     gen = torch.Generator().manual_seed(kb * 1000 + ch)
     rows, width = 5, 200
     work = torch.randint(-2 ** 62, 2 ** 62, (rows, width), generator=gen) * 2 + 1     # odd: unique ends below
     work[0, 3], work[0, 7] = -2 ** 63, 2 ** 63 - 1
     work[1] = torch.randperm(width, generator=gen) - 99                               # small, dense
-    for selected in (1, kb - 1, kb + 1, ch + 3, width):
-        row_keys = torch.stack([r[torch.randperm(width, generator=gen)[:selected]] for r in work])
-        assert all(len(set(r.tolist())) == selected for r in row_keys)
-        out = torch.full((rows, selected), 7, dtype=torch.int64)
-        cum = torch.tensor([2, 4], dtype=torch.int32)                                 # T_live = 4
-        w, o = row_keys.contiguous().to(DEV), out.to(DEV)
-        tiles = rows * -(-selected // ch)
-        topk._order_kernel[(min(tiles, 3),)](w, w.stride(0), o, o.stride(0), cum.to(DEV), 2, 0, rows, selected,
-                                             KB=kb, CH=ch)
-        got = o.cpu()
-        assert torch.equal(got[:4], torch.sort(row_keys[:4], dim=1, descending=True).values), selected
-        assert (got[4] == 7).all()
+    for candidates in (1, kb - 1, kb + 1, ch + 3, width):
+        row_keys = torch.stack([r[torch.randperm(width, generator=gen)[:candidates]] for r in work])
+        assert all(len(set(r.tolist())) == candidates for r in row_keys)
+        for selected in sorted({candidates, max(1, candidates // 3)}):
+            out = torch.full((rows, selected + 2), 7, dtype=torch.int64)
+            cum = torch.tensor([2, 4], dtype=torch.int32)                                 # T_live = 4
+            w, o = row_keys.contiguous().to(DEV), out.to(DEV)
+            tiles = rows * -(-candidates // ch)
+            topk._order_kernel[(min(tiles, 3),)](w, w.stride(0), o, o.stride(0), cum.to(DEV), 2, 0, rows,
+                                                 candidates, selected, KB=kb, CH=ch)
+            got = o.cpu()
+            want = torch.sort(row_keys[:4], dim=1, descending=True).values[:, :selected]
+            assert torch.equal(got[:4, :selected], want), (candidates, selected)
+            assert (got[4] == 7).all() and (got[:, selected:] == 7).all()
 
 
 def test_fallback_equals_the_kernel(monkeypatch):

@@ -111,9 +111,12 @@ TUNING: Dict[str, Dict[str, dict]] = {
                     "npu": dict(T=64, NT_MIN=16, NT_MAX=64, per_core=1, MAX_SEGMENTS=1, CHUNK=0),
                     "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT, MAX_SEGMENTS=1, CHUNK=0,
                                 SPLIT_CORES=None)},
-    "topk_order": {"cuda": dict(TILES=((32, 512), (512, 32)), tiles_per_core=1, per_core=8, num_warps=4),
-                   "npu": dict(TILES=((32, 256),), tiles_per_core=1, per_core=1),
-                   "cpu": dict(lanes=2 ** 20, cap=GRID_LIMIT)},
+    # RANK_MERGE: split rows skip the merge launch when rows x (S x K)^2 compares fit (the ranking
+    # keeps the K highest-ranked candidates); 0: always a merge launch.
+    "topk_order": {"cuda": dict(TILES=((32, 512), (512, 32)), tiles_per_core=1, per_core=8, num_warps=4,
+                                RANK_MERGE=2 ** 22),
+                   "npu": dict(TILES=((32, 256),), tiles_per_core=1, per_core=1, RANK_MERGE=0),
+                   "cpu": dict(lanes=2 ** 20, cap=GRID_LIMIT, RANK_MERGE=0)},
     "expand": {"cuda": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=8, num_warps=4),
                "npu": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=1),
                "cpu": dict(BLOCK_ROWS=16, BLOCK_COLS=256, cap=GRID_LIMIT)},
@@ -512,8 +515,9 @@ class TopkPlans(NamedTuple):
     Attributes:
         select: the select launch over the keys (``segments`` tiles a live row).
         order: the ranking launch.
-        merge: with ``segments > 1``, the select launch over the ``segments * selected``
-            candidates of each row (their ``selected`` largest); else None.
+        merge: with ``segments > 1`` and a ranking too costly to merge them (``RANK_MERGE``), the
+            select launch over the ``segments * selected`` candidates of each row (their
+            ``selected`` largest); else None.
         segments: segments a row is split into for ``select`` (>= 1).
         segment_width: keys per segment (the last one may hold fewer, never fewer than
             ``selected``); ``width`` when ``segments == 1``.
@@ -528,14 +532,21 @@ class TopkPlans(NamedTuple):
     selected: int
 
     @property
+    def candidates(self) -> int:
+        """Keys of a work row the ranking launch ranks: ``segments * selected`` when it does the
+        merge (split rows, no ``merge`` launch), else ``selected``."""
+        return self.selected if self.merge is not None else self.segments * self.selected
+
+    @property
     def work_width(self) -> int:
-        """Columns of the int64 work buffer the launches need: ``selected`` unsplit, else the
-        ``segments * selected`` candidates then the ``selected`` merged keys."""
-        return self.selected * (self.segments + 1) if self.segments > 1 else self.selected
+        """Columns of the int64 work buffer the launches need: the ``segments * selected``
+        candidates, then the ``selected`` merged keys when a ``merge`` launch runs."""
+        return self.selected * (self.segments + (self.merge is not None))
 
 
 def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=None,
-               cores: Optional[int] = None, max_segments: Optional[int] = None) -> Optional[TopkPlans]:
+               cores: Optional[int] = None, max_segments: Optional[int] = None,
+               work_columns: Optional[int] = None) -> Optional[TopkPlans]:
     """The launches of the exact top-k (:mod:`kpool.ops.topk`) of ``num_rows`` rows of ``width``
     keys, ``selected`` kept, or ``None`` when the shape is outside the kernels' tiles (the caller
     then uses ``torch.topk`` on the keys: the same result).
@@ -547,14 +558,18 @@ def topk_plans(num_rows: int, width: int, selected: int, device, launch_options=
     row into ``segments`` (``TUNING["topk_select"]``: ``MAX_SEGMENTS``, at most ``max_segments``
     when given; every segment holds at least ``selected`` keys), and ``merge`` selects the
     ``selected`` largest of the ``segments * selected`` candidates (the K largest of a row are
-    among its segments' K largest). ``order``: tiles of (row, ``CH`` selected keys), each ranked
-    against the row's ``selected`` keys in blocks of ``KB``; compiled backends take the first
+    among its segments' K largest), unless ``num_rows * (segments * selected)^2`` compares fit
+    ``RANK_MERGE``: then ``order`` ranks the candidates and keeps the ``selected`` first, one
+    launch fewer. ``work_columns`` (a given work buffer) bounds the segments to those whose
+    ``work_width`` fits. ``order``: tiles of (row, ``CH`` candidates), each ranked
+    against the row's candidates in blocks of ``KB``; compiled backends take the first
     ``(KB, CH)`` of ``TILES`` that gives ``tiles_per_core`` tiles a core, else the last (a prefill
     chunk: wide tiles; a decode batch: narrow ones over many cores), the interpreter one ``[KP,
     KP]`` block a row (``KP = next_pow2(selected)``, at most ``lanes`` compares)."""
     limit = -1 if max_segments is None else max(1, int(max_segments))
-    return _cached_plan(_topk, ("topk_select", "topk_order"), (int(num_rows), int(width), int(selected), limit),
-                        device, launch_options, cores)
+    columns = -1 if work_columns is None else int(work_columns)
+    return _cached_plan(_topk, ("topk_select", "topk_order"),
+                        (int(num_rows), int(width), int(selected), limit, columns), device, launch_options, cores)
 
 
 def topk_segments(num_rows: int, width: int, selected: int, cores: Optional[int], max_segments: int) -> int:
@@ -591,27 +606,34 @@ def _select_plan(sel, backend, cores, options, explicit, tiles, nt, t) -> Launch
     return _make("topk_select", tiles, backend, cores, options, explicit, dict(NT=nt, T=t, CHUNK=chunk), **warps)
 
 
-def _topk(backend, cores, options, explicit, num_rows, width, selected, limit):
+def _topk(backend, cores, options, explicit, num_rows, width, selected, limit, columns):
     sel, order = TUNING["topk_select"][backend], TUNING["topk_order"][backend]
-    if backend == "cpu":
-        kb = max(MIN_DOT, next_pow2(selected))
-        ch = max(1, min(kb, order["lanes"] // kb))
-    else:
-        enough = order["tiles_per_core"] * (cores or 1)
-        kb, ch = next((tile for tile in order["TILES"] if num_rows * cdiv(selected, tile[1]) >= enough),
-                      order["TILES"][-1])
     nt, t = _select_tile(sel, backend, width, False)
     if nt > sel["NT_MAX"] or nt * t < width or selected < 1:
         return None
     most = sel.get("MAX_SEGMENTS", 1) if limit < 0 else min(limit, sel.get("MAX_SEGMENTS", 1))
-    segments = topk_segments(num_rows, width, selected, cores if cores else sel.get("SPLIT_CORES"), most)
+    while True:           # the most segments whose work columns fit a given buffer
+        segments = topk_segments(num_rows, width, selected, cores if cores else sel.get("SPLIT_CORES"), most)
+        ranked = segments > 1 and num_rows * (segments * selected) ** 2 <= order.get("RANK_MERGE", 0)
+        if columns < 0 or selected * (segments + (segments > 1 and not ranked)) <= columns:
+            break
+        most = segments // 2
     merge = None
+    candidates = segments * selected if ranked else selected
     if segments > 1:      # segment and merge tiles: the powers of two that hold them (S * K <= width / S)
         nt, t = _select_tile(sel, backend, cdiv(width, segments), True)
-        merge = _select_plan(sel, backend, cores, options, explicit, num_rows,
-                             *_select_tile(sel, backend, segments * selected, True))
+        if not ranked:
+            merge = _select_plan(sel, backend, cores, options, explicit, num_rows,
+                                 *_select_tile(sel, backend, segments * selected, True))
+    if backend == "cpu":
+        kb = max(MIN_DOT, next_pow2(candidates))
+        ch = max(1, min(kb, order["lanes"] // kb))
+    else:
+        enough = order["tiles_per_core"] * (cores or 1)
+        kb, ch = next((tile for tile in order["TILES"] if num_rows * cdiv(candidates, tile[1]) >= enough),
+                      order["TILES"][-1])
     first = _select_plan(sel, backend, cores, options, explicit, num_rows * segments, nt, t)
-    second = _make("topk_order", num_rows * cdiv(selected, ch), backend, cores, options, explicit,
+    second = _make("topk_order", num_rows * cdiv(candidates, ch), backend, cores, options, explicit,
                    dict(KB=kb, CH=ch))
     return TopkPlans(first, second, merge, segments, cdiv(width, segments), selected)
 

@@ -22,13 +22,14 @@ compares and shifts, exact integer ``tl.sum`` counts and exact int32 ``tl.cumsum
    ``CHUNK`` lanes at a time (keys and images read again from the cache-resident row):
    compacted in pool order into a work row.
 2. Only when a batch has fewer rows than cores (``kpool.ops.plan.topk_plans``): step 1 ran on
-   ``S`` segments of each row (tile = (row, segment), ``S * K`` candidates a row, in pool order),
-   and the same kernel selects the K largest of those candidates. The K largest keys of a row
-   are among its segments' K largest (fewer than K keys of the row are above such a key, so fewer
-   than K of its segment are), so the result is the same keys, in the same pool order.
-3. :func:`_order_kernel`: each compacted key's rank is the number of the row's K keys above it
-   (keys are unique: a permutation), counted block by block in registers; the key is stored at
-   its rank. Any ``K`` (the blocks loop at run time).
+   ``S`` segments of each row (tile = (row, segment), ``S * K`` candidates a row, in pool order).
+   The K largest keys of a row are among its segments' K largest (fewer than K keys of the row
+   are above such a key, so fewer than K of its segment are). When the ranking of all ``S * K``
+   candidates is cheap (few rows: ``TUNING["topk_order"]`` ``RANK_MERGE``), step 3 ranks them
+   directly; otherwise the same select kernel first keeps the K largest candidates, in pool order.
+3. :func:`_order_kernel`: each compacted key's rank is the number of the row's candidates above
+   it (keys are unique: a permutation), counted block by block in registers; a key whose rank is
+   below K is stored at its rank. Any ``K`` (the blocks loop at run time).
 
 Rows past ``T_live = cum_query_lens[R - 1]`` (read on the device) are skipped; their output rows
 are left as they were (the expansion never reads them). A row wider than the plan's register
@@ -139,32 +140,35 @@ def _select_kernel(keys_ptr, image_ptr, stride_keys_t, work_ptr, stride_work_t, 
 
 
 @triton.jit(do_not_specialize=["stride_work_t", "stride_out_t", "num_requests", "row_start", "num_rows",
-                                "selected"])
+                                "candidates", "selected"])
 def _order_kernel(work_ptr, stride_work_t, out_ptr, stride_out_t, cum_query_lens_ptr, num_requests,
-                  row_start, num_rows, selected, KB: tl.constexpr, CH: tl.constexpr):
-    """The ranking launch of :func:`select_topk`: each of a row's ``selected`` compacted keys goes to
-    ``out_ptr`` (int64 ``[num_rows, >= selected]``) at its rank, the number of the row's keys
-    above it (keys are unique). Tile = (live row, ``CH`` of its keys); the row's keys come in
-    blocks of ``KB`` as ``[KB, CH]`` compares summed over the block axis, which the CUDA layout
-    keeps inside each thread (no shuffles; docs/kernels.md, "The top-k under Nsight Compute")."""
+                  row_start, num_rows, candidates, selected, KB: tl.constexpr, CH: tl.constexpr):
+    """The ranking launch of :func:`select_topk`: each of a row's ``candidates`` compacted keys
+    (``selected`` of them, or a split row's ``segments * selected``: the ranking then does the
+    merge) whose rank, the number of the row's candidates above it (keys are unique), is below
+    ``selected`` goes to ``out_ptr`` (int64 ``[num_rows, >= selected]``) at that rank. Tile = (live
+    row, ``CH`` of its candidates); the row's candidates come in blocks of ``KB`` as ``[KB, CH]``
+    compares summed over the block axis, which the CUDA layout keeps inside each thread (no
+    shuffles; docs/kernels.md, "The top-k under Nsight Compute")."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     block = tl.arange(0, KB)
     local = tl.arange(0, CH)
     live = tl.minimum(num_rows, tl.load(cum_query_lens_ptr + num_requests - 1) - row_start)
-    chunks = tl.cdiv(selected, CH)
+    chunks = tl.cdiv(candidates, CH)
     for tile in range(pid, live * chunks, nprog):
         i = tile // chunks
         mine = (tile - i * chunks) * CH + local
         work = work_ptr + tl.cast(i, tl.int64) * stride_work_t
-        key = tl.load(work + mine, mask=mine < selected, other=0)
+        key = tl.load(work + mine, mask=mine < candidates, other=0)
         rank = tl.zeros([CH], dtype=tl.int32)
-        for b in range(0, tl.cdiv(selected, KB)):
+        for b in range(0, tl.cdiv(candidates, KB)):
             j = b * KB + block
-            # past `selected`: INT64_MIN, above no key (a key equal to it is not above it either)
-            above = tl.load(work + j, mask=j < selected, other=INT64_MIN_C)
+            # past `candidates`: INT64_MIN, above no key (a key equal to it is not above it either)
+            above = tl.load(work + j, mask=j < candidates, other=INT64_MIN_C)
             rank += int32_of(tl.sum(tl.where(above[:, None] > key[None, :], 1, 0), axis=0))
-        tl.store(out_ptr + tl.cast(i, tl.int64) * stride_out_t + rank, key, mask=mine < selected)
+        tl.store(out_ptr + tl.cast(i, tl.int64) * stride_out_t + rank, key,
+                 mask=(mine < candidates) & (rank < selected))
 
 
 def select_topk(keys: torch.Tensor, selected: int, *, out=None, work=None, cum_query_lens=None, row_start: int = 0,
@@ -177,9 +181,9 @@ def select_topk(keys: torch.Tensor, selected: int, *, out=None, work=None, cum_q
         out: optional int64 ``[>= rows, selected]`` result buffer (unit column stride); rows
             ``>= rows`` are untouched.
         work: optional int64 ``[>= rows, >= selected]`` compaction buffer (unit column stride); a
-            row split into ``S`` segments (``kpool.ops.plan.topk_plans``) needs ``(S + 1) *
-            selected`` columns, so a narrower buffer splits rows into fewer segments (none at
-            ``selected`` columns). ``kpool.ops.plan.topk_plans(...).work_width`` gives the width.
+            row split into ``S`` segments (``kpool.ops.plan.topk_plans``) needs ``S * selected``
+            columns, ``(S + 1) * selected`` when a launch merges them, so a narrower buffer splits
+            rows into fewer segments (none at ``selected`` columns). ``kpool.ops.plan.topk_plans(...).work_width`` gives the width.
         cum_query_lens: optional int32 ``[R]`` exclusive query ends: rows ``i`` with
             ``row_start + i >= cum_query_lens[R - 1]`` (read on the device) are skipped and their
             ``out`` rows left as they were; ``None``: every row is selected.
@@ -210,9 +214,9 @@ def select_topk(keys: torch.Tensor, selected: int, *, out=None, work=None, cum_q
     result = out[:rows, :selected]
     if rows == 0 or selected == 0:
         return result
-    # a given work buffer bounds the segments: S * K candidates and the K merged need (S + 1) * K columns
-    most = None if work is None else max(1, work.shape[1] // selected - 1)
-    plans = launch_plan.topk_plans(rows, width, selected, keys.device, launch_options, max_segments=most)
+    # a given work buffer bounds the segments (their candidates, and the merged keys when a launch merges)
+    plans = launch_plan.topk_plans(rows, width, selected, keys.device, launch_options,
+                                   work_columns=None if work is None else work.shape[1])
     if plans is None:     # outside the register tiles: the same keys, sorted (every row: no host read of T_live)
         result.copy_(torch.topk(keys, selected, dim=1, largest=True, sorted=True).values)
         return result
@@ -236,7 +240,7 @@ def select_topk(keys: torch.Tensor, selected: int, *, out=None, work=None, cum_q
                                             **plans.merge.options)
         work = merged
     _order_kernel[(order.grid,)](work, work.stride(0), result, result.stride(0), cum_query_lens, R, row_start, rows,
-                                 selected, **order.constexprs, **order.options)
+                                 plans.candidates, selected, **order.constexprs, **order.options)
     return result
 
 
