@@ -139,4 +139,4 @@ class KPoolIndexerBackend:
             compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
             index_topk=cfg.index_topk, index_kpool=cfg.index_kpool, score_mode=cfg.score_mode,
             pack_tail=cfg.pack_tail, compute_topk=compute_topk, output_buffer=output_buffer,
-            validate=validate, **metadata.forward_kwargs())
+            validate=validate, max_query_len=metadata.max_query_len, **metadata.forward_kwargs())

@@ -22,7 +22,8 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
             raw_seq_lens, seq_lens, block_table, slot_mapping, tail_block_table, tail_slot_mapping,
             max_pool_seq_len: int, index_topk: int, index_kpool: int, score_mode: str = "relu",
             pack_tail: bool = True, compute_topk: bool = True, output_buffer=None,
-            validate: bool = True, max_score_rows: int | None = None, always_select_tail: bool = True):
+            validate: bool = True, max_score_rows: int | None = None, always_select_tail: bool = True,
+            max_query_len: int | None = None):
     """One KPool indexer forward on the production Triton kernels.
 
     Args (shapes as in :func:`kpool.validation.validate_forward`):
@@ -49,11 +50,18 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         always_select_tail: append the causal tail (default, every serving implementation);
             ``False`` is HF's ``index_kpool_always_select_tail=False`` (kpool-algorithm.md §10):
             history columns only, ``W = K_tok``.
+        max_query_len: host int, at least every request's query length this step (the serving
+            engine's ``max_query_len``; :attr:`kpool.metadata.KPoolMetadata.max_query_len`), or
+            ``None``. A launch hint: a batch whose requests have at most ``DECODE_ROWS`` rows
+            (decode, MTP verify) skips the prefill score kernel and its helper, whatever ``T``.
+            Checked when ``validate`` (rule ``max-query-len-range``); trusted otherwise, like the
+            rest of the metadata. The result does not depend on it.
 
     Launches: compression, ring write, then per score chunk (one for scratch-sized batches)
     the decode score kernel, the prefill score kernel and its row-block helper (only when ``T >
-    DECODE_ROWS``: a batch of at most 8 rows has no request long enough), the two top-k kernels,
-    then the expansion: 8 launches, 6 for ``T <= 8`` (plus the head merge in mode (M)). Launch
+    DECODE_ROWS`` and ``max_query_len``, when given, exceeds it: no request is long enough
+    otherwise), the two top-k kernels, then the expansion: 8 launches, 6 for a decode or MTP
+    batch with the hint or ``T <= 8`` (plus the head merge in mode (M)). Launch
     plans are cached per shape (:mod:`kpool.ops.plan`), so the host work per forward does not grow
     with the batch.
 
@@ -75,7 +83,8 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
             slot_mapping=slot_mapping, tail_block_table=tail_block_table,
             tail_slot_mapping=tail_slot_mapping, max_pool_seq_len=max_pool_seq_len,
             index_topk=index_topk, index_kpool=P, score_mode=score_mode, compute_topk=compute_topk,
-            pack_tail=pack_tail, output_buffer=output_buffer, always_select_tail=always_select_tail)
+            pack_tail=pack_tail, output_buffer=output_buffer, always_select_tail=always_select_tail,
+            max_query_len=max_query_len)
     # after validation: a non-int index_topk is a named error, not a TypeError
     W = index_topk + (P - 1 if always_select_tail else 0)
     compress_ops, indexer_ops, plan_ops = _ops()
@@ -107,7 +116,7 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
                 q=q, weights=weights, compressed_cache=compressed_cache, positions=positions,
                 cum_query_lens=cum_query_lens, seq_lens=seq_lens, block_table=block_table,
                 max_pool_seq_len=max_pool_seq_len, index_kpool=P, score_mode=score_mode,
-                row_start=row_start, num_rows=n, keys=scratch)
+                row_start=row_start, num_rows=n, keys=scratch, max_query_len=max_query_len)
             indexer_ops.select_topk(keys, selected, out=top_keys[row_start:row_start + n], work=top_index,
                                     cum_query_lens=cum_query_lens, row_start=row_start)
     indexer_ops.expand_indices(

@@ -16,6 +16,8 @@ Vocabulary (kpool-algorithm.md §3.4, §6):
 * ``tail_block_table`` int32 ``[R, 1]``: ring block per request (§3.3).
 * ``tail_slot_mapping`` int64 ``[T]``: circular ring slot ``block * C + p % C`` (§3.3).
 * ``max_pool_seq_len``: host int, score-row length (``M * B`` in FULL mode, else ``max(seq_lens)``).
+* ``max_query_len``: host int, the longest live query this step (``None``: unknown), a launch hint
+  of the production kernels (``kpool.indexer.forward``), not an input of the math.
 """
 from __future__ import annotations
 
@@ -80,7 +82,8 @@ class BatchSpec:
 class KPoolMetadata:
     """Tensors describing one forward (kpool-algorithm.md §6). See the module docstring
     for every field's dtype and shape. ``num_live_tokens`` is ``T_live = cum_query_lens[-1]``
-    (0 when there are no requests), a host int."""
+    (0 when there are no requests), a host int; ``max_query_len`` the longest request's query
+    rows (``None``: unknown), a host int that lets a decode or MTP step skip the prefill launches."""
 
     positions: torch.Tensor
     cum_query_lens: torch.Tensor
@@ -92,6 +95,7 @@ class KPoolMetadata:
     tail_slot_mapping: torch.Tensor
     max_pool_seq_len: int
     num_live_tokens: int = field(default=0)
+    max_query_len: Optional[int] = None
 
     @property
     def num_tokens(self) -> int:
@@ -110,7 +114,8 @@ class KPoolMetadata:
 
     def forward_kwargs(self) -> dict:
         """Keyword arguments shared by ``kpool.indexer.forward`` and
-        ``reference.stateful.forward`` (every field except ``num_live_tokens``)."""
+        ``reference.stateful.forward`` (every field except ``num_live_tokens`` and
+        ``max_query_len``, which :class:`kpool.backend.KPoolIndexerBackend` passes to the kernels only)."""
         kwargs = self.tensors()
         kwargs["max_pool_seq_len"] = self.max_pool_seq_len
         return kwargs
@@ -118,26 +123,32 @@ class KPoolMetadata:
     def to(self, device) -> "KPoolMetadata":
         """Copy every tensor to ``device``."""
         moved = {name: t.to(device) for name, t in self.tensors().items()}
-        return KPoolMetadata(max_pool_seq_len=self.max_pool_seq_len,
-                             num_live_tokens=self.num_live_tokens, **moved)
+        return KPoolMetadata(max_pool_seq_len=self.max_pool_seq_len, num_live_tokens=self.num_live_tokens,
+                             max_query_len=self.max_query_len, **moved)
 
     def clone(self) -> "KPoolMetadata":
         """Deep copy (independent storage)."""
         cloned = {name: t.clone() for name, t in self.tensors().items()}
-        return KPoolMetadata(max_pool_seq_len=self.max_pool_seq_len,
-                             num_live_tokens=self.num_live_tokens, **cloned)
+        return KPoolMetadata(max_pool_seq_len=self.max_pool_seq_len, num_live_tokens=self.num_live_tokens,
+                             max_query_len=self.max_query_len, **cloned)
 
     def copy_(self, other: "KPoolMetadata") -> "KPoolMetadata":
         """Write ``other`` into this metadata's buffers in place, as a graph replay does
         (public case C19). Shapes and ``max_pool_seq_len`` must match (captured graphs keep
-        shapes and scalar attributes stable, §6).
+        shapes and scalar attributes stable, §6); a captured ``max_query_len`` stays (the graph's
+        launches were chosen from it), so ``other``'s must be known and no larger.
 
         Raises:
-            KPoolMetadataError: when a shape or ``max_pool_seq_len`` differs.
+            KPoolMetadataError: when a shape or ``max_pool_seq_len`` differs, or ``other`` has a
+                longer (or unknown) ``max_query_len`` than a captured one.
         """
         if other.max_pool_seq_len != self.max_pool_seq_len:
             raise KPoolMetadataError(
                 f"max_pool_seq_len must stay {self.max_pool_seq_len} across replays, got {other.max_pool_seq_len}")
+        if self.max_query_len is not None and (other.max_query_len is None
+                                               or other.max_query_len > self.max_query_len):
+            raise KPoolMetadataError(f"max_query_len={other.max_query_len} does not fit the captured "
+                                     f"max_query_len={self.max_query_len}")
         for name, dst in self.tensors().items():
             src = getattr(other, name)
             if src.shape != dst.shape:
@@ -159,7 +170,8 @@ def build_metadata(batch: BatchSpec, *, index_kpool: int, ring_capacity: int, pa
         device: where the tensors are created.
 
     Returns:
-        The metadata; padded rows have position 0, ``slot_mapping = -1`` and ring slot ``-1``
+        The metadata (``max_query_len`` the longest live query, 0 without requests); padded rows
+        have position 0, ``slot_mapping = -1`` and ring slot ``-1``
         (or a stale positive slot with ``stale_tail_slots``); padded requests have zero length.
 
     Raises:
@@ -228,7 +240,7 @@ def build_metadata(batch: BatchSpec, *, index_kpool: int, ring_capacity: int, pa
     meta = KPoolMetadata(positions=positions, cum_query_lens=cum, raw_seq_lens=raw, seq_lens=seq_lens,
                          block_table=table, slot_mapping=slot_mapping, tail_block_table=tail_table,
                          tail_slot_mapping=tail_slot_mapping, max_pool_seq_len=max_pool_seq_len,
-                         num_live_tokens=t_live)
+                         num_live_tokens=t_live, max_query_len=max([r.query_len for r in live] + [0]))
     return meta.to(device)
 
 

@@ -20,6 +20,8 @@ and belongs to request ``r(t)``; a request is *scheduled* when its query length 
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
@@ -48,13 +50,15 @@ def one_transfer(tensors) -> list:
 
 def check_metadata_values(*, positions, cum_query_lens, raw_seq_lens, seq_lens, block_table, slot_mapping,
                           tail_block_table, tail_slot_mapping, max_pool_seq_len: int, index_kpool: int,
-                          num_pages: int, page_size: int, num_tail_blocks: int, ring_capacity: int) -> int:
+                          num_pages: int, page_size: int, num_tail_blocks: int, ring_capacity: int,
+                          max_query_len: Optional[int] = None) -> int:
     """Check the metadata values (module docstring); shapes and dtypes were checked already.
 
     Args: the :class:`kpool.metadata.KPoolMetadata` tensors (positions, slot_mapping,
         tail_slot_mapping int64 ``[T]``; cum_query_lens, raw_seq_lens, seq_lens int32 ``[R]``;
         block_table int32 ``[R, M]``; tail_block_table int32 ``[R, >= 1]``), ``max_pool_seq_len``,
-        ``P``, the compressed cache's ``N`` pages of ``B`` rows, ``blocks`` ring blocks of ``C`` rows.
+        ``P``, the compressed cache's ``N`` pages of ``B`` rows, ``blocks`` ring blocks of ``C`` rows,
+        ``max_query_len`` (``None``, or the host bound on every query length: a launch hint).
 
     Returns:
         ``T_live`` (0 when ``R == 0``).
@@ -88,6 +92,10 @@ def check_metadata_values(*, positions, cum_query_lens, raw_seq_lens, seq_lens, 
         r = _first(pools != raw // P)
         reject("seq-lens-pools", f"request {r}: seq_lens={int(pools[r])} must be raw_seq_lens // P = "
                                  f"{int(raw[r]) // P} (pool lengths, not token lengths)")
+    if max_query_len is not None and int(qlen.max()) > max_query_len:
+        r = _first(qlen > max_query_len)
+        reject("max-query-len-range", f"request {r} has {int(qlen[r])} query rows, more than "
+                                      f"max_query_len={max_query_len}")
     if int(pools.max()) > max_pool_seq_len:
         reject("max-pool-seq-len-below-pools", f"max(seq_lens)={int(pools.max())} exceeds "
                                                f"max_pool_seq_len={max_pool_seq_len}")

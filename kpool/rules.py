@@ -66,6 +66,7 @@ RULES = {
     "query-len-exceeds-raw": Rule(E.KPoolMetadataError, "0 <= query_len <= raw_seq_lens (§6)"),
     "seq-lens-pools": Rule(E.KPoolMetadataError, "seq_lens == raw_seq_lens // P (§6, pitfall §9.2)"),
     "max-pool-seq-len-below-pools": Rule(E.KPoolMetadataError, "max(seq_lens) <= max_pool_seq_len (§4.6)"),
+    "max-query-len-range": Rule(E.KPoolMetadataError, "max_query_len is None or an int >= every query length (§6)"),
     "positions-contiguous": Rule(E.KPoolMetadataError, "live positions[qs + i] == raw - ql + i (§3.4)"),
     "positions-int32-window": Rule(E.KPoolMetadataError, "live positions < INT32_MAX - P (kernels' int32 window)"),
     "block-table-range": Rule(E.KPoolBlockIdError, "every page a request reads in [0, N) (§3.1)"),

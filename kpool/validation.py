@@ -37,7 +37,7 @@ def _shape(name: str, t: torch.Tensor, shape: tuple) -> None:
 
 
 def _check_scalars(*, index_kpool, index_topk, score_mode, compute_topk, pack_tail, max_pool_seq_len,
-                   always_select_tail=True) -> None:
+                   always_select_tail=True, max_query_len=None) -> None:
     """Python scalars: the kernels receive them as they are, so ints must be Python ints."""
     P = as_int("index_kpool", index_kpool, python_only=True)
     if P < 1:
@@ -52,6 +52,8 @@ def _check_scalars(*, index_kpool, index_topk, score_mode, compute_topk, pack_ta
     as_bool("pack_tail", pack_tail)
     as_bool("always_select_tail", always_select_tail)
     as_int("max_pool_seq_len", max_pool_seq_len, python_only=True)
+    if max_query_len is not None and as_int("max_query_len", max_query_len, python_only=True) < 0:
+        reject("max-query-len-range", f"max_query_len must be None or an int >= 0, got {max_query_len}")
 
 
 def _check_output_buffer(output_buffer, T: int, W: int) -> None:
@@ -70,7 +72,7 @@ def validate_forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, 
                      cum_query_lens, raw_seq_lens, seq_lens, block_table, slot_mapping,
                      tail_block_table, tail_slot_mapping, max_pool_seq_len, index_topk,
                      index_kpool, score_mode, compute_topk, output_buffer, pack_tail=True,
-                     always_select_tail=True) -> int:
+                     always_select_tail=True, max_query_len=None) -> int:
     """Check every tensor and metadata value of a forward.
 
     Shapes (``T`` rows, ``R`` requests, ``M`` pages per request, ``N`` pages, ``B`` pools per
@@ -85,7 +87,8 @@ def validate_forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, 
 
     Scalars: ``index_kpool``, ``index_topk``, ``max_pool_seq_len`` Python ints (not bools, not
     numpy integers: they reach the kernels as they are); ``compute_topk``, ``pack_tail`` bools;
-    ``index_kpool > 0`` and ``index_topk % index_kpool == 0``.
+    ``index_kpool > 0`` and ``index_topk % index_kpool == 0``; ``max_query_len`` ``None`` or a
+    Python int at least every request's query length (a launch hint, §6).
 
     Aliasing (:mod:`kpool.aliasing`): neither cache nor ``output_buffer[:T]`` overlaps itself or
     any other tensor argument; read-only tensors may share memory with each other.
@@ -110,7 +113,7 @@ def validate_forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, 
     """
     _check_scalars(index_kpool=index_kpool, index_topk=index_topk, score_mode=score_mode,
                    compute_topk=compute_topk, pack_tail=pack_tail, max_pool_seq_len=max_pool_seq_len,
-                   always_select_tail=always_select_tail)
+                   always_select_tail=always_select_tail, max_query_len=max_query_len)
     P = index_kpool
     _dtype("compressed_cache", compressed_cache, torch.bfloat16)
     _dtype("tail_cache", tail_cache, torch.float32)
@@ -178,4 +181,4 @@ def validate_forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, 
         positions=positions, cum_query_lens=cum_query_lens, raw_seq_lens=raw_seq_lens, seq_lens=seq_lens,
         block_table=block_table, slot_mapping=slot_mapping, tail_block_table=tail_block_table,
         tail_slot_mapping=tail_slot_mapping, max_pool_seq_len=max_pool_seq_len, index_kpool=P,
-        num_pages=N, page_size=B, num_tail_blocks=blocks, ring_capacity=C)
+        num_pages=N, page_size=B, num_tail_blocks=blocks, ring_capacity=C, max_query_len=max_query_len)

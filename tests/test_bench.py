@@ -59,8 +59,9 @@ def test_bench_usage_errors(tmp_path, device):
 def test_launches_per_forward_on_the_interpreter(device):
     """A forward is compression, ring write, the decode and prefill score kernels (and the
     prefill-block helper), the two top-k kernels and the expansion: 8 launches, independent of
-    the batch's contents; 6 when the batch has at most DECODE_ROWS rows (no request can be a
-    prefill's: issue 20 point 4, decided from the shape alone)."""
+    the batch's contents; 6 when no request is longer than DECODE_ROWS rows: the batch has at
+    most that many, or the ``max_query_len`` hint the benchmark passes (as an engine does) says
+    so (issue 20 point 4, decided from host ints alone); without the hint, 8 for T > DECODE_ROWS."""
     if device != "cpu":
         pytest.skip("counts Triton launches of the interpreter (a device counts kernels in a profiler trace)")
     from kpool.indexer import forward
@@ -68,7 +69,11 @@ def test_launches_per_forward_on_the_interpreter(device):
     for make in shapes.standard_cases(torch.device("cpu"), small=True)[:3]:      # decode 8 x 1, 1 x 1, MTP 8 x 4
         case = make()
         T = case.kwargs["k"].shape[0]
+        assert case.kwargs["max_query_len"] == max(q for q, _ in case.queries) <= DECODE_ROWS
         launches = bench.count_launches(lambda: forward(**case.kwargs, validate=False), torch.device("cpu"))
+        assert launches == 6, case.name
+        unhinted = dict(case.kwargs, max_query_len=None)
+        launches = bench.count_launches(lambda: forward(**unhinted, validate=False), torch.device("cpu"))
         assert launches == (6 if T <= DECODE_ROWS else 8), (case.name, T)
 
 

@@ -86,6 +86,10 @@ def _max_pool_too_small(kw):
     kw["max_pool_seq_len"] = 0
 
 
+def _max_query_len_too_small(kw):
+    kw["max_query_len"] = 9        # the launch hint below the longest query (10 rows)
+
+
 def _cum_beyond_rows(kw):
     kw["cum_query_lens"] = kw["cum_query_lens"].clone()
     kw["cum_query_lens"][-1] = kw["k"].shape[0] + 1
@@ -177,6 +181,7 @@ CASES = [
     (_positions_gap, errors.KPoolMetadataError, "positions-contiguous"),
     (_max_pool_too_small, errors.KPoolMetadataError, "max-pool-seq-len-below-pools"),
     (_cum_beyond_rows, errors.KPoolMetadataError, "cum-query-lens-rows"),
+    (_max_query_len_too_small, errors.KPoolMetadataError, "max-query-len-range"),
     (_narrow_output, errors.KPoolShapeError, "output-buffer-shape"), (_bad_ape, errors.KPoolShapeError, "shape"),
     (_overlapping_output_rows, errors.KPoolShapeError, "output-buffer-row-overlap"),
     (_broadcast_output_rows, errors.KPoolShapeError, "output-buffer-row-overlap"),

@@ -459,15 +459,16 @@ def _rows_of_vectors(q: torch.Tensor) -> torch.Tensor:
 def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torch.Tensor,
                positions: torch.Tensor, cum_query_lens: torch.Tensor, seq_lens: torch.Tensor,
                block_table: torch.Tensor, max_pool_seq_len: int, index_kpool: int, score_mode: str,
-               row_start: int, num_rows: int, keys: torch.Tensor, launch_options=None) -> torch.Tensor:
+               row_start: int, num_rows: int, keys: torch.Tensor, launch_options=None,
+               max_query_len: int | None = None) -> torch.Tensor:
     """Selection keys of every pool for the batch rows ``row_start .. row_start + num_rows - 1``
     (kpool-algorithm.md §4.1-§4.4; see the module docstring for the math and the key layout).
 
     Only live rows (``t < cum_query_lens[R - 1]``, read on the device) are written; rows of
     decode-sized requests by the decode kernel, the others by the prefill kernel (each skipping
     the other's rows; the prefill kernel and its row-block helper are launched only when ``T >
-    DECODE_ROWS``, since no request of a smaller batch can be longer: two launches fewer for a
-    small decode batch, decided from the host int ``T``). q, weights, the cache and the block table
+    DECODE_ROWS`` and ``max_query_len`` (when given) exceeds it, since no request can then be
+    longer: two launches fewer for a decode or MTP batch, decided from host ints). q, weights, the cache and the block table
     are read through their strides; positions, cum_query_lens and seq_lens are made contiguous first.
 
     Args:
@@ -485,6 +486,10 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
         keys: int64 ``[>= num_rows, >= max_pool_seq_len]`` scratch with unit column stride; row
             ``i`` receives batch row ``row_start + i`` when that row is live.
         launch_options: Triton launch kwargs; default from ``kpool.ops.plan``.
+        max_query_len: host int bound on every request's query length (the serving engine's
+            ``max_query_len``), or ``None`` (bounded by ``T``). Trusted: a smaller value than a
+            request's length leaves that request's rows unwritten (``kpool.indexer.forward``
+            checks it when validating).
 
     Returns:
         ``keys[:num_rows, :max_pool_seq_len]`` (the same storage).
@@ -535,7 +540,8 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
             keys, keys.stride(0), row_start, num_rows, max_pool_seq_len, qbar, qbar.stride(0), nonfinite)
     _score_decode_kernel[(decode.grid,)](*args, launch_plan.decode_segments(decode, R, max_pool_seq_len), **common,
                                          **decode.constexprs, **decode.options)
-    if T <= decode.constexprs["DECODE_ROWS"]:   # every request has <= T_live <= T rows: none is the prefill's
+    longest = T if max_query_len is None else min(T, max_query_len)
+    if longest <= decode.constexprs["DECODE_ROWS"]:   # no request is long enough for the prefill kernel
         return result
     prefill = launch_plan.score_prefill_plan(num_rows, R, T, max_pool_seq_len, D, q.device, launch_options)
     steps = R.bit_length()

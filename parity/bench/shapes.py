@@ -60,7 +60,8 @@ def _pools_per_row(queries, P) -> List[int]:
 def build_case(name: str, description: str, queries: List[Tuple[int, int]], device, *,
                config: KPoolConfig = GLM53_FLASH, compute_topk: bool = True, seed: int = 0) -> BenchCase:
     """A batch of requests ``(query_len, context_len)`` (context includes this step's rows), with
-    contiguous page tables in a shuffled page pool, N(0, 1) keys and queries, weights / 64."""
+    contiguous page tables in a shuffled page pool, N(0, 1) keys and queries, weights / 64, and
+    the longest query as ``max_query_len`` (the launch hint a serving engine passes)."""
     from kpool.cache import allocate_caches
     from kpool.metadata import BatchSpec, RequestSpec, build_metadata
     gen = torch.Generator().manual_seed(seed)
@@ -85,7 +86,8 @@ def build_case(name: str, description: str, queries: List[Tuple[int, int]], devi
                   ape=torch.randn(P, D, generator=gen).to(device),
                   compressed_cache=caches.compressed_cache, tail_cache=caches.tail_cache,
                   index_topk=config.index_topk, index_kpool=P, score_mode=config.score_mode,
-                  pack_tail=config.pack_tail, compute_topk=compute_topk, **meta.forward_kwargs())
+                  pack_tail=config.pack_tail, compute_topk=compute_topk, max_query_len=meta.max_query_len,
+                  **meta.forward_kwargs())
     nbytes, flops = cost(queries, config, compute_topk)
     return BenchCase(name, description, config, kwargs, nbytes, flops, list(queries))
 

@@ -9,7 +9,10 @@ FULL-mode shapes of steps ``i`` and ``i + 1`` (``T``, ``R``, ``M`` of the larger
 kernels), is captured with ``validate=False``, replayed for step ``i``, then the buffers are
 rewritten in place with step ``i + 1``'s values (``KPoolMetadata.copy_``) and the graph is
 replayed again. A forward that read a device value on the host, or sized a launch from one,
-fails here (capture raises, or the replay reuses step ``i``'s sizes).
+fails here (capture raises, or the replay reuses step ``i``'s sizes). A forward that takes
+``max_query_len`` (the production one) is captured with the longer of the two steps' (a
+graph serves its bucket's longest query), so the launches a decode hint skips are skipped in
+the graph, and the eager run, without the hint, checks that skipping them changes nothing.
 
 The CPU interpreter has no graph: it imitates the capture by calling the forward twice on the
 same buffers, rewritten in place between the calls (the detail of every finding says which).
@@ -27,6 +30,7 @@ from typing import Callable, List, Optional
 import torch
 
 from . import compare as cmp
+from ..implementations.forwards import accepts_keyword
 from .relation_base import OUTPUT_PREFIX, KernelRun, build_meta, compare_runs, is_plain, is_unsupported, relation_kwargs
 
 NAME = "captured-replay"
@@ -71,6 +75,8 @@ def _replays(case, steps, ape, caches, metas, inputs, kernel_forward, dev, T: in
     in_buf = {k: v.to(dev).clone() for k, v in inputs[0].items()}
     out_buf = torch.full((T, W), -777, dtype=torch.int32, device=dev)
     extra = {"validate": False} if _names_validate(kernel_forward) else {}
+    if accepts_keyword(kernel_forward, "max_query_len"):
+        extra["max_query_len"] = meta_buf.max_query_len
     kw = relation_kwargs(case, steps[0].compute_topk, meta_buf, in_buf, ape, work, out_buf, dev, **extra)
     api = _graph_api(dev)
     runs = []
@@ -169,6 +175,9 @@ def captured_replay(state, next_state, *, device, kernel_forward: Callable) -> L
     case = state.case
     W = case.config.output_width
     metas = [build_meta(case, fa), build_meta(case, fb)]
+    bucket = max(m.max_query_len or 0 for m in metas)      # the graph serves both steps
+    for m in metas:
+        m.max_query_len = bucket
     steps = [dataclasses.replace(state.step, batch=fa), dataclasses.replace(next_state.step, batch=fb)]
     inputs = [make_inputs(case, steps[0], metas[0]), make_inputs(case, steps[1], metas[1])]
     dev = torch.device(device) if not isinstance(device, torch.device) else device

@@ -237,14 +237,27 @@ def _score_rows(step, fn: Optional[Callable]) -> Optional[int]:
     return int(rows) if fn is not None and rows is not None and accepts_keyword(fn, "max_score_rows") else None
 
 
+def longest_query(meta) -> int:
+    """The longest request's query rows of ``meta`` (from ``cum_query_lens``; 0 without
+    requests, never negative, also on metadata that breaks the length rules)."""
+    cum = meta.cum_query_lens.detach().cpu().long()
+    if cum.numel() == 0:
+        return 0
+    return max(0, int(torch.diff(cum, prepend=cum.new_zeros(1)).max()))
+
+
 def _side_kwargs(case, step, built, caches, buf, dev, fn: Optional[Callable] = None) -> dict:
     """One side's forward keyword arguments (:meth:`cases.steps.StepInputs.forward_kwargs`, every
     tensor copied: the sides share no tensor). ``fn`` is the kernel forward: it also gets the
     step's ``max_score_rows`` (chunked scoring, :attr:`cases.spec.Step.max_score_rows`) when set
-    and accepted, and ``validate=False`` on a stale-metadata step (:mod:`cases.unvalidated`); the
-    reference has no score scratch and never validates."""
+    and accepted, ``validate=False`` on a stale-metadata step (:mod:`cases.unvalidated`), and the
+    step's longest query as ``max_query_len`` when accepted (as :class:`kpool.backend.KPoolIndexerBackend`
+    passes it: the launch hint of a serving engine, read from the metadata's own
+    ``cum_query_lens``); the reference has no score scratch and never validates."""
     rows = _score_rows(step, fn)
     extra = {} if rows is None else {"max_score_rows": rows}
+    if fn is not None and accepts_keyword(fn, "max_query_len"):
+        extra["max_query_len"] = longest_query(built.meta)
     if fn is not None and runs_unvalidated(step) and accepts_keyword(fn, "validate"):
         extra["validate"] = False          # stale metadata: the FULL-replay path (cases.unvalidated)
     return built.forward_kwargs(case, step, caches, device=dev, copy=True,

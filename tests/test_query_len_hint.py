@@ -1,0 +1,141 @@
+"""The ``max_query_len`` launch hint (``kpool.indexer.forward``, ``KPoolMetadata.max_query_len``;
+kpool-algorithm.md §4.1 tiling, §6): a batch of more than ``DECODE_ROWS`` rows whose requests are
+all decode-sized (decode, MTP verify) skips the prefill score kernel and its row-block helper when
+the hint says so, with the same rows and caches bit for bit; a long request keeps them; the
+metadata builder sets the hint, a captured hint cannot grow on replay, and the backend passes it.
+Runs on the resolved device (the CPU interpreter by default)."""
+import os
+
+os.environ.setdefault("KPOOL_DEVICE", "cpu")
+from kpool.platform import resolve_device, torch_device  # noqa: E402
+
+DEV = torch_device(resolve_device())
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from triton.runtime import jit  # noqa: E402
+
+from kpool import SMALL, errors  # noqa: E402
+from kpool.indexer import forward  # noqa: E402
+from kpool.metadata import BatchSpec, RequestSpec, build_metadata  # noqa: E402
+from kpool.ops import plan  # noqa: E402
+from parity.checking.compare import bits, same_bits  # noqa: E402
+from tests.helpers import small_batch  # noqa: E402
+
+pytestmark = pytest.mark.interpreter_ok
+PREFILL_KERNELS = {"_prefill_blocks_kernel", "_score_prefill_kernel"}
+BATCHES = {   # (cached_len, query_len) per request; every batch has T > DECODE_ROWS rows
+    "decode-12": ((5,) * 12, (1,) * 12),
+    "mtp-3x4": ((2, 9, 4), (4, 4, 4)),
+    "decode-and-empty": ((7, 3, 0, 6), (8, 0, 0, 2)),
+}
+
+
+def _launched(fn) -> list:
+    """Names of the Triton kernels ``fn()`` launches, in order."""
+    names, original = [], jit.KernelInterface.__getitem__
+
+    def spy(self, grid):
+        names.append(getattr(self, "__name__", None) or self.fn.__name__)
+        return original(self, grid)
+    jit.KernelInterface.__getitem__ = spy
+    try:
+        fn()
+    finally:
+        jit.KernelInterface.__getitem__ = original
+    return names
+
+
+def _batch(cached, qlens):
+    caches, kw = small_batch(SMALL, device=DEV, requests=tuple(zip(cached, qlens)), num_pages=64)
+    return caches, kw
+
+
+def _run(caches, kw, **extra):
+    """Rows and both caches' bits of one forward on a copy of ``caches``."""
+    work = caches.clone()
+    out = forward(**dict(kw, compressed_cache=work.compressed_cache, tail_cache=work.tail_cache), **extra)
+    return out.cpu(), bits(work.compressed_backing).cpu(), bits(work.tail_backing).cpu()
+
+
+@pytest.mark.parametrize("name", list(BATCHES))
+def test_decode_sized_batch_skips_the_prefill_launches_with_the_same_result(name):
+    cached, qlens = BATCHES[name]
+    assert sum(qlens) > plan.DECODE_ROWS and max(qlens) <= plan.DECODE_ROWS
+    caches, kw = _batch(cached, qlens)
+    plain, hinted = {}, {}
+    plain_names = _launched(lambda: plain.update(r=_run(caches, kw)))
+    hinted_names = _launched(lambda: hinted.update(r=_run(caches, kw, max_query_len=max(qlens))))
+    assert PREFILL_KERNELS <= set(plain_names)
+    assert PREFILL_KERNELS.isdisjoint(hinted_names)
+    assert [n for n in plain_names if n not in PREFILL_KERNELS] == hinted_names
+    for a, b in zip(plain["r"], hinted["r"]):
+        assert same_bits(a, b)
+
+
+def test_a_long_request_keeps_the_prefill_launches():
+    caches, kw = _batch((0, 4, 3), (10, 1, 1))
+    plain, hinted = {}, {}
+    _launched(lambda: plain.update(r=_run(caches, kw)))
+    names = _launched(lambda: hinted.update(r=_run(caches, kw, max_query_len=10)))
+    assert PREFILL_KERNELS <= set(names)
+    for a, b in zip(plain["r"], hinted["r"]):
+        assert same_bits(a, b)
+
+
+@pytest.mark.parametrize("hint, error, rule", [
+    (9, errors.KPoolMetadataError, "max-query-len-range"),      # the batch's longest query is 10
+    (-1, errors.KPoolMetadataError, "max-query-len-range"),
+    (10.0, errors.KPoolTypeError, "scalar-int-type"),
+    (True, errors.KPoolTypeError, "scalar-int-type"),
+])
+def test_a_wrong_hint_is_rejected_before_any_launch(hint, error, rule):
+    from tests.rejection import assert_rejected
+    caches, kw = _batch((0, 4, 3), (10, 1, 1))
+    kw["max_query_len"] = hint
+    assert_rejected(lambda: forward(**kw), error, rule, kw, (caches.compressed_backing, caches.tail_backing))
+
+
+def test_builder_sets_the_hint_and_copies_keep_it():
+    specs = [RequestSpec(3, 5, [0, 1], 0), RequestSpec(0, 2, [2], 1), RequestSpec(8, 0, [3, 4], 2)]
+    meta = build_metadata(BatchSpec(specs, num_tokens=12), index_kpool=4, ring_capacity=8, page_size=2)
+    assert meta.max_query_len == 5
+    assert meta.clone().max_query_len == 5 and meta.to("cpu").max_query_len == 5
+    empty = build_metadata(BatchSpec([]), index_kpool=4, ring_capacity=8, page_size=2)
+    assert empty.max_query_len == 0
+    assert "max_query_len" not in meta.forward_kwargs()      # the reference's keywords stay the math's
+
+
+def _meta(qlens):
+    specs = [RequestSpec(4, q, [i], i) for i, q in enumerate(qlens)]
+    return build_metadata(BatchSpec(specs, num_tokens=8, full_mode=True, block_table_width=2), index_kpool=4,
+                          ring_capacity=8, page_size=4)
+
+
+def test_a_captured_hint_cannot_grow_on_replay():
+    captured = _meta((2, 2))
+    captured.copy_(_meta((1, 1)))                              # a shorter step fits the graph
+    assert captured.max_query_len == 2 and captured.cum_query_lens.tolist() == [1, 2]
+    with pytest.raises(errors.KPoolMetadataError, match="max_query_len"):
+        captured.copy_(_meta((3, 1)))
+    unknown = _meta((1, 1))
+    unknown.max_query_len = None
+    with pytest.raises(errors.KPoolMetadataError, match="max_query_len"):
+        captured.copy_(unknown)
+    captured.max_query_len = None                              # captured without the hint: anything fits
+    captured.copy_(_meta((3, 1)))
+    assert captured.cum_query_lens.tolist() == [3, 4]
+
+
+def test_backend_passes_the_metadata_hint(monkeypatch):
+    from kpool import indexer
+    from kpool.backend import KPoolIndexerBackend
+    from kpool.cache import allocate_caches
+    seen = {}
+    monkeypatch.setattr(indexer, "forward", lambda **kw: seen.update(kw))
+    backend = KPoolIndexerBackend(SMALL, device=resolve_device())
+    caches = allocate_caches(SMALL, num_pages=4, page_size=4, num_tail_blocks=2, device=DEV)
+    meta = _meta((2, 1)).to(DEV)
+    backend.forward(k=None, gate=None, q=None, weights=None, ape=None, caches=caches, metadata=meta,
+                    validate=False)
+    assert seen["max_query_len"] == 2
