@@ -112,10 +112,11 @@ TUNING: Dict[str, Dict[str, dict]] = {
                     "cpu": dict(T=0, NT_MIN=16, NT_MAX=1024, cap=GRID_LIMIT, MAX_SEGMENTS=1, CHUNK=0,
                                 SPLIT_CORES=None)},
     # RANK_MERGE: split rows skip the merge launch when rows x (S x K)^2 compares fit (the ranking
-    # keeps the K highest-ranked candidates); 0: always a merge launch. Off until timed on the H200
-    # (batch 1 would take it at 2^22: docs/kernels.md "The ranking as the merge").
+    # keeps the K highest-ranked candidates); 0: always a merge launch. H100, graph us (docs/kernels.md
+    # "The ranking as the merge"): batch 1 41.7 -> 39.4 at 2^22 (= 1 x (4 x 512)^2) or 2^26; decode 64
+    # 164.4 -> 164.2 at 2^22 (not taken) but 171.4 at 2^26 (taken: 4x the compares).
     "topk_order": {"cuda": dict(TILES=((32, 512), (512, 32)), tiles_per_core=1, per_core=8, num_warps=4,
-                                RANK_MERGE=0),
+                                RANK_MERGE=2 ** 22),
                    "npu": dict(TILES=((32, 256),), tiles_per_core=1, per_core=1, RANK_MERGE=0),
                    "cpu": dict(lanes=2 ** 20, cap=GRID_LIMIT, RANK_MERGE=0)},
     "expand": {"cuda": dict(BLOCK_ROWS=1, BLOCK_COLS=256, per_core=8, num_warps=4),

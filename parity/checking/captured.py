@@ -75,7 +75,7 @@ def _replays(case, steps, ape, caches, metas, inputs, kernel_forward, dev, T: in
     in_buf = {k: v.to(dev).clone() for k, v in inputs[0].items()}
     out_buf = torch.full((T, W), -777, dtype=torch.int32, device=dev)
     extra = {"validate": False} if _names_validate(kernel_forward) else {}
-    if accepts_keyword(kernel_forward, "max_query_len"):
+    if accepts_keyword(kernel_forward, "max_query_len", explicit=True):
         extra["max_query_len"] = meta_buf.max_query_len
     kw = relation_kwargs(case, steps[0].compute_topk, meta_buf, in_buf, ape, work, out_buf, dev, **extra)
     api = _graph_api(dev)

@@ -46,9 +46,11 @@ def call(fn: Callable, kwargs: dict, dev: torch.device):
         return None, exc, time.perf_counter() - t0
 
 
-def accepts_keyword(fn: Callable, name: str) -> bool:
+def accepts_keyword(fn: Callable, name: str, *, explicit: bool = False) -> bool:
     """Whether ``fn`` takes keyword ``name``, looking through wrappers that forward ``**kwargs``
-    (``fn.forward`` of :class:`parity.implementations.recording.Recorder`, ``__wrapped__``)."""
+    (``fn.forward`` of :class:`parity.implementations.recording.Recorder`, ``__wrapped__``).
+    ``explicit``: only when a function on the way names it (a bare ``**kwargs`` at the end, which
+    may pass it on to a forward without it, does not count): for optional hints."""
     for _ in range(8):
         try:
             params = inspect.signature(fn).parameters
@@ -60,6 +62,16 @@ def accepts_keyword(fn: Callable, name: str) -> bool:
             return False
         inner = getattr(fn, "forward", None) or getattr(fn, "__wrapped__", None)
         if inner is None or inner is fn:
-            return True
+            return not explicit
         fn = inner
-    return True
+    return not explicit
+
+
+def longest_query(meta) -> int:
+    """The longest request's query rows of ``meta`` (a :class:`kpool.metadata.KPoolMetadata`), from
+    its ``cum_query_lens``: 0 without requests, never negative, also on metadata that breaks the
+    length rules. The ``max_query_len`` a serving engine would pass with it."""
+    cum = meta.cum_query_lens.detach().cpu().long()
+    if cum.numel() == 0:
+        return 0
+    return max(0, int(torch.diff(cum, prepend=cum.new_zeros(1)).max()))

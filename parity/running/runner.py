@@ -29,7 +29,7 @@ from ..checking import sentinel as sen
 from ..checking.certificates import check_tie_policy
 from ..checking.checked_reference import checked_reference, is_checked
 from ..checking.determinism import determinism_findings
-from ..implementations.forwards import accepts_keyword, backend_of, call, torch_device
+from ..implementations.forwards import accepts_keyword, backend_of, call, longest_query, torch_device
 from ..implementations.semantics import is_unsupported, validation_note
 from ..checking.localize import localize
 from ..checking.oracle_check import oracle_findings
@@ -237,15 +237,6 @@ def _score_rows(step, fn: Optional[Callable]) -> Optional[int]:
     return int(rows) if fn is not None and rows is not None and accepts_keyword(fn, "max_score_rows") else None
 
 
-def longest_query(meta) -> int:
-    """The longest request's query rows of ``meta`` (from ``cum_query_lens``; 0 without
-    requests, never negative, also on metadata that breaks the length rules)."""
-    cum = meta.cum_query_lens.detach().cpu().long()
-    if cum.numel() == 0:
-        return 0
-    return max(0, int(torch.diff(cum, prepend=cum.new_zeros(1)).max()))
-
-
 def _side_kwargs(case, step, built, caches, buf, dev, fn: Optional[Callable] = None) -> dict:
     """One side's forward keyword arguments (:meth:`cases.steps.StepInputs.forward_kwargs`, every
     tensor copied: the sides share no tensor). ``fn`` is the kernel forward: it also gets the
@@ -256,7 +247,7 @@ def _side_kwargs(case, step, built, caches, buf, dev, fn: Optional[Callable] = N
     ``cum_query_lens``); the reference has no score scratch and never validates."""
     rows = _score_rows(step, fn)
     extra = {} if rows is None else {"max_score_rows": rows}
-    if fn is not None and accepts_keyword(fn, "max_query_len"):
+    if fn is not None and accepts_keyword(fn, "max_query_len", explicit=True):
         extra["max_query_len"] = longest_query(built.meta)
     if fn is not None and runs_unvalidated(step) and accepts_keyword(fn, "validate"):
         extra["validate"] = False          # stale metadata: the FULL-replay path (cases.unvalidated)
