@@ -83,7 +83,10 @@ class KPoolMetadata:
     """Tensors describing one forward (kpool-algorithm.md §6). See the module docstring
     for every field's dtype and shape. ``num_live_tokens`` is ``T_live = cum_query_lens[-1]``
     (0 when there are no requests), a host int; ``max_query_len`` the longest request's query
-    rows (``None``: unknown), a host int that lets a decode or MTP step skip the prefill launches."""
+    rows (``None``: unknown), a host int that lets a decode or MTP step skip the prefill launches.
+    A caller that rewrites the tensors in place without :meth:`copy_` must update it too (or set
+    ``None``): with ``validate=False`` the kernels trust it, and a stale hint below a request's
+    length leaves that request's rows unscored."""
 
     positions: torch.Tensor
     cum_query_lens: torch.Tensor
