@@ -53,15 +53,17 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         max_query_len: host int, at least every request's query length this step (the serving
             engine's ``max_query_len``; :attr:`kpool.metadata.KPoolMetadata.max_query_len`), or
             ``None``. A launch hint: a batch whose requests have at most ``DECODE_ROWS`` rows
-            (decode, MTP verify) skips the prefill score kernel and its helper, whatever ``T``.
+            (decode, MTP verify) skips the prefill score kernel and its helper, whatever ``T``,
+            and one of at most ``C - P + 1`` rows (any at ``P = 1``) runs the two cache launches as one.
             Checked when ``validate`` (rule ``max-query-len-range``); trusted otherwise, like the
             rest of the metadata. The result does not depend on it.
 
-    Launches: compression, ring write, then per score chunk (one for scratch-sized batches)
-    the decode score kernel, the prefill score kernel and its row-block helper (only when ``T >
-    DECODE_ROWS`` and ``max_query_len``, when given, exceeds it: no request is long enough
-    otherwise), the two top-k kernels, then the expansion: 8 launches, 6 for a decode or MTP
-    batch with the hint or ``T <= 8`` (plus the head merge in mode (M)). Launch
+    Launches: compression, ring write (one launch for both when ``max_query_len <= C - P + 1``),
+    then per score chunk (one for scratch-sized batches) the decode score kernel, the prefill
+    score kernel and its row-block helper (only when ``T > DECODE_ROWS`` and ``max_query_len``,
+    when given, exceeds it: no request is long enough otherwise), the two top-k kernels, then the
+    expansion: 8 launches, 6 for ``T <= 8``, 5 for a hinted decode or MTP batch (plus the head
+    merge in mode (M), and a merge launch for a split top-k row). Launch
     plans are cached per shape (:mod:`kpool.ops.plan`), so the host work per forward does not grow
     with the batch.
 
@@ -104,7 +106,7 @@ def forward(*, k, gate, q, weights, ape, compressed_cache, tail_cache, positions
         k=k, gate=gate, ape=ape, compressed_cache=compressed_cache, tail_cache=tail_cache,
         positions=positions, cum_query_lens=cum_query_lens, raw_seq_lens=raw_seq_lens,
         slot_mapping=slot_mapping, tail_block_table=tail_block_table,
-        tail_slot_mapping=tail_slot_mapping, index_kpool=P)
+        tail_slot_mapping=tail_slot_mapping, index_kpool=P, max_query_len=max_query_len)
     if not compute_topk:
         return None
     if T == 0:

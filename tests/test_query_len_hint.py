@@ -17,12 +17,14 @@ import torch  # noqa: E402
 from kpool import SMALL, errors  # noqa: E402
 from kpool.indexer import forward  # noqa: E402
 from kpool.metadata import BatchSpec, RequestSpec, build_metadata  # noqa: E402
-from kpool.ops import plan, score  # noqa: E402
+from kpool.ops import compress, plan, score  # noqa: E402
 from parity.checking.compare import bits, same_bits  # noqa: E402
 from tests.helpers import small_batch  # noqa: E402
 
 pytestmark = pytest.mark.interpreter_ok
 PREFILL_KERNELS = {"_prefill_blocks_kernel", "_score_prefill_kernel"}
+CACHE_KERNELS = {"_compress_kernel", "_ring_write_kernel", "_update_kernel"}
+MTP3 = SMALL.with_(num_speculative_tokens=3)        # ring capacity C = P + 3: one cache launch up to 4 rows
 BATCHES = {   # (cached_len, query_len) per request; every batch has T > DECODE_ROWS rows
     "decode-12": ((5,) * 12, (1,) * 12),
     "mtp-3x4": ((2, 9, 4), (4, 4, 4)),
@@ -30,30 +32,32 @@ BATCHES = {   # (cached_len, query_len) per request; every batch has T > DECODE_
 }
 
 
-def _launched(fn) -> list:
-    """Names of the prefill score kernels ``fn()`` launches, in order (the module's kernel objects
-    wrapped: any interpreter or backend launches them through ``kernel[grid](...)``)."""
-    names, saved = [], {n: getattr(score, n) for n in PREFILL_KERNELS}
+def _launched(fn, names=PREFILL_KERNELS) -> list:
+    """Names of the prefill score kernels (or ``names``) that ``fn()`` launches, in order (the
+    modules' kernel objects wrapped: any interpreter or backend launches them through
+    ``kernel[grid](...)``)."""
+    launched, saved = [], {n: (module, getattr(module, n)) for module in (score, compress)
+                           for n in names if hasattr(module, n)}
 
     class Spy:
         def __init__(self, name):
             self.name = name
 
         def __getitem__(self, grid):
-            names.append(self.name)
-            return saved[self.name][grid]
+            launched.append(self.name)
+            return saved[self.name][1][grid]
     try:
-        for n in PREFILL_KERNELS:
-            setattr(score, n, Spy(n))
+        for n, (module, _) in saved.items():
+            setattr(module, n, Spy(n))
         fn()
     finally:
-        for n, kernel in saved.items():
-            setattr(score, n, kernel)
-    return names
+        for n, (module, kernel) in saved.items():
+            setattr(module, n, kernel)
+    return launched
 
 
-def _batch(cached, qlens):
-    caches, kw = small_batch(SMALL, device=DEV, requests=tuple(zip(cached, qlens)), num_pages=64)
+def _batch(cached, qlens, config=SMALL):
+    caches, kw = small_batch(config, device=DEV, requests=tuple(zip(cached, qlens)), num_pages=64)
     return caches, kw
 
 
@@ -143,3 +147,40 @@ def test_backend_passes_the_metadata_hint(monkeypatch):
     backend.forward(k=None, gate=None, q=None, weights=None, ape=None, caches=caches, metadata=meta,
                     validate=False)
     assert seen["max_query_len"] == 2
+
+
+@pytest.mark.parametrize("config, cached, qlens, fused", [
+    (SMALL, (5,) * 12, (1,) * 12, True),            # decode: C - P + 1 = 1
+    (SMALL, (2, 9, 4), (4, 4, 4), False),           # MTP rows, but a ring of C = P: two launches
+    (MTP3, (2, 9, 4), (4, 4, 4), True),             # MTP=3 verify with its ring of P + 3
+    (MTP3, (3, 0, 6), (5, 1, 0), False),            # a 5-row query: beyond C - P + 1 = 4
+], ids=["decode", "mtp-small-ring", "mtp3", "mtp3-long"])
+def test_one_cache_launch_when_no_ring_write_reaches_a_read_row(config, cached, qlens, fused):
+    caches, kw = _batch(cached, qlens, config)
+    plain, hinted = {}, {}
+    assert _launched(lambda: plain.update(r=_run(caches, kw)), CACHE_KERNELS) == ["_compress_kernel",
+                                                                                   "_ring_write_kernel"]
+    names = _launched(lambda: hinted.update(r=_run(caches, kw, max_query_len=max(qlens))), CACHE_KERNELS)
+    assert names == (["_update_kernel"] if fused else ["_compress_kernel", "_ring_write_kernel"])
+    for a, b in zip(plain["r"], hinted["r"]):
+        assert same_bits(a, b)
+
+
+def _ring_overlap(cached: int, q: int, P: int, C: int) -> bool:
+    """Whether a request with ``cached`` rows before a ``q``-row step writes a ring slot that its
+    compression reads (kpool-algorithm.md §5.1, §5.4): reads are the pre-step positions of the
+    windows of pools completed in the step, writes its last ``C`` positions, slot ``p % C``."""
+    reads = {p for j in range(cached // P + 1) if cached <= j * P + P - 1 <= cached + q - 1
+             for p in range(j * P, cached)}
+    writes = range(max(cached, cached + q - C), cached + q)
+    return any(w != r and (w - r) % C == 0 for w in writes for r in reads)
+
+
+@pytest.mark.parametrize("P, C", [(4, 4), (4, 7), (1, 1), (1, 3), (16, 18), (3, 8)])
+def test_the_one_launch_bound_is_the_ring_disjointness_bound(P, C):
+    """The fused launch's condition holds exactly for the query lengths whose ring writes never
+    meet a ring read, at every start position: the bound is safe and tight."""
+    for q in range(0, C + 3):
+        safe = not any(_ring_overlap(cached, q, P, C) for cached in range(0, 4 * (C + P)))
+        assert compress.one_cache_launch(q, C, P) == safe, (q, safe)
+    assert not compress.one_cache_launch(None, C, P)

@@ -21,6 +21,7 @@ from kpool.ops import compress, expand, merged, plan, score  # noqa: E402
 SPECIALIZED_INTS = {
     "_compress_kernel": {"D", "stride_k_d", "stride_gate_d", "stride_ape_d", "stride_cache_d", "stride_tail_d"},
     "_ring_write_kernel": {"D", "stride_k_d", "stride_gate_d", "stride_tail_d"},
+    "_update_kernel": {"D", "stride_k_d", "stride_gate_d", "stride_ape_d", "stride_cache_d", "stride_tail_d"},
     "_merge_heads_kernel": {"stride_q_d"},
     "_score_decode_kernel": {"stride_q_d", "stride_cache_d"},
     "_prefill_blocks_kernel": set(),
@@ -32,6 +33,7 @@ SPECIALIZED_INTS = {
 UNALIGNED_POINTERS = {
     "_compress_kernel": {"cache_ptr", "tail_ptr"},
     "_ring_write_kernel": {"tail_ptr"},
+    "_update_kernel": {"cache_ptr", "tail_ptr", "ring_tail_ptr"},
     "_merge_heads_kernel": set(),
     "_score_decode_kernel": set(),
     "_prefill_blocks_kernel": set(),

@@ -11,6 +11,11 @@ Two ordered launches (§5.4 "launch 2 runs strictly after launch 1"):
 2. :func:`_ring_write_kernel` — the last ``C`` live rows of every request copy their raw
    K and gate bit-exactly into the request's ring (§5.4).
 
+When the caller's ``max_query_len`` shows that no ring write can land on a ring row that the
+compression reads (:func:`one_cache_launch`: queries of at most ``C - P + 1`` rows, decode and
+MTP verify), :func:`_update_kernel` runs both as one launch, split by program id: the order of
+§5.4 then orders nothing, and the bits are the same.
+
 Tiling (``kpool.ops.plan.compress_plan``): a tile is ``BLOCK_J * P`` consecutive token rows x
 ``D_SPLIT`` channels (in chunks of ``BLOCK_D``).
 When the tile lies inside one request (every prefill tile but the edges), its rows have
@@ -286,13 +291,8 @@ def _compress_rows(rows, d_first, d_end, num_rows, k_ptr, gate_ptr, ape_ptr, cac
                  mask=valid[:, None] & dmask[None, :])
 
 
-@triton.jit(do_not_specialize=["num_rows", "num_requests", "search_steps", "page_size", "num_slots",
-                                "ring_capacity", "num_tail_blocks", "stride_k_t", "stride_gate_t", "stride_ape_p",
-                                "stride_cache_n", "stride_cache_b", "stride_tail_blk", "stride_tail_plane",
-                                "stride_tail_c", "stride_positions_t", "stride_raw_seq_lens_r",
-                                "stride_slot_mapping_t", "stride_tail_block_table_r"],
-             do_not_specialize_on_alignment=["cache_ptr", "tail_ptr"])
-def _compress_kernel(
+@triton.jit
+def _compress_tiles(pid, nprog,
         k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
         positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr, tail_block_table_ptr,
         num_rows, num_requests, search_steps, D, page_size, num_slots, ring_capacity, num_tail_blocks,
@@ -302,10 +302,7 @@ def _compress_kernel(
         stride_positions_t, stride_raw_seq_lens_r, stride_slot_mapping_t, stride_tail_block_table_r,
         P: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr, D_SPLIT: tl.constexpr,
         ROWS_AT_ONCE: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Launch 1 (kpool-algorithm.md §5.1-§5.3). ``cache_ptr`` is an int16 view of the bf16
-    compressed cache (bit-exact RNE store); ``tail_ptr`` the fp32 ring (read only)."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
+    """The tiles ``pid, pid + nprog, ...`` of launch 1 (:func:`_compress_kernel`)."""
     lanes = tl.arange(0, BLOCK_J)
     t_live = tl.load(cum_query_lens_ptr + num_requests - 1)
     n_chunks = tl.cdiv(D, D_SPLIT)
@@ -347,23 +344,41 @@ def _compress_kernel(
                            stride_tail_block_table_r, P, BLOCK_D)
 
 
-@triton.jit(do_not_specialize=["num_rows", "num_requests", "ring_capacity", "num_tail_slots",
-                                "stride_k_t", "stride_gate_t", "stride_tail_blk", "stride_tail_plane",
-                                "stride_tail_c", "stride_positions_t", "stride_tail_slot_mapping_t"],
-             do_not_specialize_on_alignment=["tail_ptr"])
-def _ring_write_kernel(
+
+@triton.jit(do_not_specialize=["num_rows", "num_requests", "search_steps", "page_size", "num_slots",
+                                "ring_capacity", "num_tail_blocks", "stride_k_t", "stride_gate_t", "stride_ape_p",
+                                "stride_cache_n", "stride_cache_b", "stride_tail_blk", "stride_tail_plane",
+                                "stride_tail_c", "stride_positions_t", "stride_raw_seq_lens_r",
+                                "stride_slot_mapping_t", "stride_tail_block_table_r"],
+             do_not_specialize_on_alignment=["cache_ptr", "tail_ptr"])
+def _compress_kernel(
+        k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
+        positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr, tail_block_table_ptr,
+        num_rows, num_requests, search_steps, D, page_size, num_slots, ring_capacity, num_tail_blocks,
+        stride_k_t, stride_k_d, stride_gate_t, stride_gate_d, stride_ape_p, stride_ape_d,
+        stride_cache_n, stride_cache_b, stride_cache_d,
+        stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
+        stride_positions_t, stride_raw_seq_lens_r, stride_slot_mapping_t, stride_tail_block_table_r,
+        P: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr, D_SPLIT: tl.constexpr,
+        ROWS_AT_ONCE: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Launch 1 (kpool-algorithm.md §5.1-§5.3). ``cache_ptr`` is an int16 view of the bf16
+    compressed cache (bit-exact RNE store); ``tail_ptr`` the fp32 ring (read only)."""
+    _compress_tiles(tl.program_id(0), tl.num_programs(0), k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr, positions_ptr,
+        cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr, tail_block_table_ptr, num_rows, num_requests,
+        search_steps, D, page_size, num_slots, ring_capacity, num_tail_blocks, stride_k_t, stride_k_d, stride_gate_t,
+        stride_gate_d, stride_ape_p, stride_ape_d, stride_cache_n, stride_cache_b, stride_cache_d, stride_tail_blk,
+        stride_tail_plane, stride_tail_c, stride_tail_d, stride_positions_t, stride_raw_seq_lens_r,
+        stride_slot_mapping_t, stride_tail_block_table_r, P, BLOCK_J, BLOCK_D, D_SPLIT, ROWS_AT_ONCE, BLOCK_R)
+
+
+@triton.jit
+def _ring_write_tiles(pid, nprog,
         k_ptr, gate_ptr, tail_ptr, positions_ptr, cum_query_lens_ptr, tail_slot_mapping_ptr,
         num_rows, num_requests, D, ring_capacity, num_tail_slots,
         stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
         stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
         stride_positions_t, stride_tail_slot_mapping_t, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Launch 2 (kpool-algorithm.md §5.4). ``k_ptr``, ``gate_ptr``, ``tail_ptr`` are int32
-    views of the fp32 tensors: the copy moves bit patterns (NaN payloads included). The grid
-    walks only the rows that are stashed, never all ``T``: a tile's ``BLOCK_T`` lanes hold
-    ``per = min(C, BLOCK_T)`` consecutive rows of each of ``BLOCK_T // per`` requests' last ``C``
-    rows (``kpool.ops.plan.ring_write_plan``)."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
+    """The tiles ``pid, pid + nprog, ...`` of launch 2 (:func:`_ring_write_kernel`)."""
     offs_t = tl.arange(0, BLOCK_T)
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < D
@@ -399,6 +414,71 @@ def _ring_write_kernel(
         tl.store(tail_ptr + (dst + stride_tail_plane)[:, None] + dims[None, :] * stride_tail_d, gv, mask=mask)
 
 
+@triton.jit(do_not_specialize=["num_rows", "num_requests", "ring_capacity", "num_tail_slots",
+                                "stride_k_t", "stride_gate_t", "stride_tail_blk", "stride_tail_plane",
+                                "stride_tail_c", "stride_positions_t", "stride_tail_slot_mapping_t"],
+             do_not_specialize_on_alignment=["tail_ptr"])
+def _ring_write_kernel(
+        k_ptr, gate_ptr, tail_ptr, positions_ptr, cum_query_lens_ptr, tail_slot_mapping_ptr,
+        num_rows, num_requests, D, ring_capacity, num_tail_slots,
+        stride_k_t, stride_k_d, stride_gate_t, stride_gate_d,
+        stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
+        stride_positions_t, stride_tail_slot_mapping_t, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Launch 2 (kpool-algorithm.md §5.4). ``k_ptr``, ``gate_ptr``, ``tail_ptr`` are int32
+    views of the fp32 tensors: the copy moves bit patterns (NaN payloads included). The grid
+    walks only the rows that are stashed, never all ``T``: a tile's ``BLOCK_T`` lanes hold
+    ``per = min(C, BLOCK_T)`` consecutive rows of each of ``BLOCK_T // per`` requests' last ``C``
+    rows (``kpool.ops.plan.ring_write_plan``)."""
+    _ring_write_tiles(tl.program_id(0), tl.num_programs(0), k_ptr, gate_ptr, tail_ptr, positions_ptr,
+        cum_query_lens_ptr, tail_slot_mapping_ptr, num_rows, num_requests, D, ring_capacity, num_tail_slots,
+        stride_k_t, stride_k_d,
+        stride_gate_t, stride_gate_d, stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
+        stride_positions_t, stride_tail_slot_mapping_t, BLOCK_T, BLOCK_D)
+
+
+@triton.jit(do_not_specialize=["num_rows", "num_requests", "search_steps", "page_size", "num_slots",
+                                "ring_capacity", "num_tail_blocks", "stride_k_t", "stride_gate_t", "stride_ape_p",
+                                "stride_cache_n", "stride_cache_b", "stride_tail_blk", "stride_tail_plane",
+                                "stride_tail_c", "stride_positions_t", "stride_raw_seq_lens_r",
+                                "stride_slot_mapping_t", "stride_tail_block_table_r", "num_tail_slots",
+                                "stride_tail_slot_mapping_t", "compress_programs"],
+             do_not_specialize_on_alignment=["cache_ptr", "tail_ptr", "ring_tail_ptr"])
+def _update_kernel(
+        k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
+        positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr, tail_block_table_ptr,
+        num_rows, num_requests, search_steps, D, page_size, num_slots, ring_capacity, num_tail_blocks,
+        stride_k_t, stride_k_d, stride_gate_t, stride_gate_d, stride_ape_p, stride_ape_d,
+        stride_cache_n, stride_cache_b, stride_cache_d,
+        stride_tail_blk, stride_tail_plane, stride_tail_c, stride_tail_d,
+        stride_positions_t, stride_raw_seq_lens_r, stride_slot_mapping_t, stride_tail_block_table_r,
+        ring_k_ptr, ring_gate_ptr, ring_tail_ptr, tail_slot_mapping_ptr, num_tail_slots, stride_tail_slot_mapping_t,
+        compress_programs,
+        P: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr, D_SPLIT: tl.constexpr,
+        ROWS_AT_ONCE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, RING_BLOCK_D: tl.constexpr):
+    """Both launches of the cache update in one, for a batch whose ring writes cannot reach a ring
+    row that the compression reads (every query at most ``C - P + 1`` rows: decode, MTP verify;
+    the host decides, :func:`compress_and_write_cache`): programs ``[0, compress_programs)`` run
+    launch 1's tiles, the others launch 2's. Arguments: launch 1's, then launch 2's own (the
+    int32 views ``ring_*_ptr``, the ring slots), the program split, both launches' constexprs
+    (launch 2's ``BLOCK_D`` as ``RING_BLOCK_D``)."""
+    pid = tl.program_id(0)
+    if pid < compress_programs:
+        _compress_tiles(pid, compress_programs, k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr, positions_ptr,
+                        cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr, tail_block_table_ptr, num_rows,
+                        num_requests, search_steps, D, page_size, num_slots, ring_capacity, num_tail_blocks,
+                        stride_k_t, stride_k_d, stride_gate_t, stride_gate_d, stride_ape_p, stride_ape_d,
+                        stride_cache_n, stride_cache_b, stride_cache_d, stride_tail_blk, stride_tail_plane,
+                        stride_tail_c, stride_tail_d, stride_positions_t, stride_raw_seq_lens_r,
+                        stride_slot_mapping_t, stride_tail_block_table_r, P, BLOCK_J, BLOCK_D, D_SPLIT,
+                        ROWS_AT_ONCE, BLOCK_R)
+    else:
+        _ring_write_tiles(pid - compress_programs, tl.num_programs(0) - compress_programs, ring_k_ptr,
+                          ring_gate_ptr, ring_tail_ptr, positions_ptr, cum_query_lens_ptr, tail_slot_mapping_ptr,
+                          num_rows, num_requests, D, ring_capacity, num_tail_slots, stride_k_t, stride_k_d,
+                          stride_gate_t, stride_gate_d, stride_tail_blk, stride_tail_plane, stride_tail_c,
+                          stride_tail_d, stride_positions_t, stride_tail_slot_mapping_t, BLOCK_T, RING_BLOCK_D)
+
+
 def _unit_rows(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when its channels have unit stride and it starts 16-byte aligned (every serving
     engine's projection output and APE parameter), else a contiguous copy: one input layout per
@@ -411,9 +491,22 @@ def _unit_rows(t: torch.Tensor) -> torch.Tensor:
     return copy
 
 
+def one_cache_launch(max_query_len, ring_capacity: int, index_kpool: int) -> bool:
+    """Whether no ring write of the step can land on a ring row its compression reads, so both
+    launches may run as one (kpool-algorithm.md §5.4): a request with ``cached`` rows before the
+    step reads positions ``[cached - P + 1, cached - 1]`` from its ring and writes positions up to
+    ``cached + q - 1`` at slot ``p % C``; two of them share a slot only ``C`` or more positions
+    apart, which needs ``q + P - 2 >= C``; at ``P = 1`` nothing is read from the ring. ``max_query_len``
+    ``None`` (unknown): False."""
+    if max_query_len is None:
+        return False
+    return int(index_kpool) == 1 or int(max_query_len) <= int(ring_capacity) - int(index_kpool) + 1
+
+
 def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, positions, cum_query_lens,
                              raw_seq_lens, slot_mapping, tail_block_table, tail_slot_mapping,
-                             index_kpool: int, launch_options: dict | None = None) -> None:
+                             index_kpool: int, launch_options: dict | None = None,
+                             max_query_len: int | None = None) -> None:
     """Update both KPool caches for one forward, in place (kpool-algorithm.md §5).
 
     Launch 1 compresses every pool completed by a live row into ``compressed_cache`` (window
@@ -439,6 +532,13 @@ def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, posi
         launch_options: Triton launch kwargs; default from ``kpool.ops.plan`` (the backend's
             ``kpool.platform.launch_options``; cuda: ``enable_fp_fusion=False``, required for
             bit parity).
+        max_query_len: host bound on every request's query rows (``kpool.indexer.forward``), or
+            ``None``. At most ``C - P + 1`` (decode, MTP verify with ``C = P + speculative
+            tokens``), both launches run as one (:func:`_update_kernel`, where the backend's
+            ``TUNING["ring_write"]`` ``FUSED`` allows): a row's ring write then lands ``<= q - 1 +
+            P - 1 < C`` positions after the oldest ring row the compression reads, so never on
+            one of them, and the order of §5.4 has nothing left to order. Trusted, as the caller
+            validated it.
 
     Returns:
         None. Nothing is launched when ``T == 0`` or ``R == 0``.
@@ -459,17 +559,23 @@ def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, posi
     N, B = int(compressed_cache.shape[0]), int(compressed_cache.shape[1])
     num_tail_blocks, C = int(tail_cache.shape[0]), int(tail_cache.shape[2])
     first = launch_plan.compress_plan(T, D, int(index_kpool), k.device, launch_options)
-    _compress_kernel[(first.grid,)](
+    second = launch_plan.ring_write_plan(num_requests, C, D, k.device, launch_options)
+    compress_args = (
         k, gate, ape, compressed_cache.view(torch.int16), tail_cache,
         positions, cum_query_lens, raw_seq_lens, slot_mapping, tail_block_table,
         T, num_requests, search_steps, D, B, N * B, C, num_tail_blocks,
         k.stride(0), k.stride(1), gate.stride(0), gate.stride(1), ape.stride(0), ape.stride(1),
         compressed_cache.stride(0), compressed_cache.stride(1), compressed_cache.stride(3),
         tail_cache.stride(0), tail_cache.stride(1), tail_cache.stride(2), tail_cache.stride(3),
-        positions.stride(0), raw_seq_lens.stride(0), slot_mapping.stride(0), tail_block_table.stride(0),
-        **first.constexprs, **first.options)
-
-    second = launch_plan.ring_write_plan(num_requests, C, D, k.device, launch_options)
+        positions.stride(0), raw_seq_lens.stride(0), slot_mapping.stride(0), tail_block_table.stride(0))
+    if one_cache_launch(max_query_len, C, int(index_kpool)) and launch_plan.fused_update(k.device):
+        _update_kernel[(first.grid + second.grid,)](
+            *compress_args, k.view(torch.int32), gate.view(torch.int32), tail_cache.view(torch.int32),
+            tail_slot_mapping, num_tail_blocks * C, tail_slot_mapping.stride(0), first.grid,
+            **first.constexprs, BLOCK_T=second.constexprs["BLOCK_T"], RING_BLOCK_D=second.constexprs["BLOCK_D"],
+            **first.options)
+        return
+    _compress_kernel[(first.grid,)](*compress_args, **first.constexprs, **first.options)
     _ring_write_kernel[(second.grid,)](
         k.view(torch.int32), gate.view(torch.int32), tail_cache.view(torch.int32),
         positions, cum_query_lens, tail_slot_mapping,

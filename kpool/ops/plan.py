@@ -66,11 +66,13 @@ TUNING: Dict[str, Dict[str, dict]] = {
                               latency_rows=1024),
                  "npu": dict(BLOCK_J=64, BLOCK_D=64, D_SPLIT=0, window=4096, per_core=1, latency_rows=256),
                  "cpu": dict(BLOCK_J=64, BLOCK_D=0, D_SPLIT=0, window=2 ** 20, cap=4, rows_at_once=True)},
-    "ring_write": {"cuda": dict(BLOCK_T=8, per_core=8, num_warps=4),
-                   "npu": dict(BLOCK_T=16, per_core=1),
+    # FUSED: a batch of queries of at most C - P + 1 rows (decode, MTP verify) runs both cache
+    # launches as one (kpool.ops.compress._update_kernel; docs/kernels.md "One cache launch").
+    "ring_write": {"cuda": dict(BLOCK_T=8, per_core=8, num_warps=4, FUSED=True),
+                   "npu": dict(BLOCK_T=16, per_core=1, FUSED=False),
                    # cpu: two requests a tile (C = 4) on two programs, so the interpreter suites'
                    # batches of more than 4 requests walk the grid-stride loop
-                   "cpu": dict(BLOCK_T=8, cap=2)},
+                   "cpu": dict(BLOCK_T=8, cap=2, FUSED=True)},
     # per_core_key_tile_outer: programs per SM when KEY_TILE_OUTER (MTP verify, short requests);
     # maxnreg(_key_tile_outer): ptxas register cap of each loop order (0: none), so that one more
     # program fits an SM (decode 194 -> 168 registers: 2 -> 3 programs an SM, the key stream's
@@ -370,6 +372,12 @@ def ring_write_plan(num_requests: int, ring_capacity: int, head_dim: int, device
     ``T`` (H200: 19.7 -> 2.5 us)."""
     return _cached_plan(_ring_write, ("ring_write",), (int(num_requests), int(ring_capacity), int(head_dim)), device,
                         launch_options, cores)
+
+
+def fused_update(device) -> bool:
+    """Whether this backend runs the two cache-update launches as one when the queries allow it
+    (``TUNING["ring_write"]`` ``FUSED``; :func:`kpool.ops.compress.compress_and_write_cache`)."""
+    return bool(TUNING["ring_write"][backend_of(device)].get("FUSED", False))
 
 
 def ring_write_tile(request: int, index_in_span: int, ring_capacity: int, block_t: int) -> int:
