@@ -568,19 +568,20 @@ def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, posi
         compressed_cache.stride(0), compressed_cache.stride(1), compressed_cache.stride(3),
         tail_cache.stride(0), tail_cache.stride(1), tail_cache.stride(2), tail_cache.stride(3),
         positions.stride(0), raw_seq_lens.stride(0), slot_mapping.stride(0), tail_block_table.stride(0))
-    if one_cache_launch(max_query_len, C, int(index_kpool)) and launch_plan.fused_update(k.device):
-        _update_kernel[(first.grid + second.grid,)](
-            *compress_args, k.view(torch.int32), gate.view(torch.int32), tail_cache.view(torch.int32),
-            tail_slot_mapping, num_tail_blocks * C, tail_slot_mapping.stride(0), first.grid,
-            **first.constexprs, BLOCK_T=second.constexprs["BLOCK_T"], RING_BLOCK_D=second.constexprs["BLOCK_D"],
-            **first.options)
-        return
-    _compress_kernel[(first.grid,)](*compress_args, **first.constexprs, **first.options)
-    _ring_write_kernel[(second.grid,)](
+    # launch 2's arguments, one tuple for both paths (a change at this launch site reaches both)
+    ring_args = (
         k.view(torch.int32), gate.view(torch.int32), tail_cache.view(torch.int32),
         positions, cum_query_lens, tail_slot_mapping,
         T, num_requests, D, C, num_tail_blocks * C,
         k.stride(0), k.stride(1), gate.stride(0), gate.stride(1),
         tail_cache.stride(0), tail_cache.stride(1), tail_cache.stride(2), tail_cache.stride(3),
-        positions.stride(0), tail_slot_mapping.stride(0),
-        **second.constexprs, **second.options)
+        positions.stride(0), tail_slot_mapping.stride(0))
+    if one_cache_launch(max_query_len, C, int(index_kpool)) and launch_plan.fused_update(k.device):
+        ring_k, ring_gate, ring_tail, _, _, ring_slots, *_ = ring_args
+        _update_kernel[(first.grid + second.grid,)](
+            *compress_args, ring_k, ring_gate, ring_tail, ring_slots, ring_args[10], ring_args[-1], first.grid,
+            **first.constexprs, BLOCK_T=second.constexprs["BLOCK_T"], RING_BLOCK_D=second.constexprs["BLOCK_D"],
+            **first.options)
+        return
+    _compress_kernel[(first.grid,)](*compress_args, **first.constexprs, **first.options)
+    _ring_write_kernel[(second.grid,)](*ring_args, **second.constexprs, **second.options)
