@@ -152,10 +152,11 @@ class KPoolMetadata:
                                                or other.max_query_len > self.max_query_len):
             raise KPoolMetadataError(f"max_query_len={other.max_query_len} does not fit the captured "
                                      f"max_query_len={self.max_query_len}")
-        for name, dst in self.tensors().items():
-            src = getattr(other, name)
+        pairs = [(name, dst, getattr(other, name)) for name, dst in self.tensors().items()]
+        for name, dst, src in pairs:        # every shape first: a refused copy writes nothing
             if src.shape != dst.shape:
                 raise KPoolMetadataError(f"{name}: captured shape {tuple(dst.shape)} != new {tuple(src.shape)}")
+        for _, dst, src in pairs:
             dst.copy_(src)
         self.num_live_tokens = other.num_live_tokens
         return self

@@ -184,3 +184,14 @@ def test_the_one_launch_bound_is_the_ring_disjointness_bound(P, C):
         safe = not any(_ring_overlap(cached, q, P, C) for cached in range(0, 4 * (C + P)))
         assert compress.one_cache_launch(q, C, P) == safe, (q, safe)
     assert not compress.one_cache_launch(None, C, P)
+
+
+def test_a_refused_copy_writes_nothing():
+    """A shape mismatch in a later tensor is found before the earlier ones are written."""
+    captured = _meta((2, 2))
+    before = {n: t.clone() for n, t in captured.tensors().items()}
+    other = _meta((1, 1))
+    other.tail_slot_mapping = other.tail_slot_mapping[:-1]
+    with pytest.raises(errors.KPoolMetadataError, match="tail_slot_mapping"):
+        captured.copy_(other)
+    assert all(torch.equal(before[n], t) for n, t in captured.tensors().items())
