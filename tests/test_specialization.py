@@ -50,8 +50,7 @@ def _options(name):
     module = next(m for m in MODULES if hasattr(m, name))
     tree = ast.parse(inspect.getsource(module))
     (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-    names = {"_NO_SPECIALIZE": list(getattr(module, "_NO_SPECIALIZE", [])),
-             "_CONFIG_RUNTIME": list(getattr(module, "_CONFIG_RUNTIME", []))}
+    names = {n: list(v) for n, v in vars(module).items() if n.startswith("_") and isinstance(v, list)}
     lists = {"do_not_specialize": set(), "do_not_specialize_on_alignment": set()}
     for deco in fn.decorator_list:
         for kw in getattr(deco, "keywords", []):

@@ -46,6 +46,14 @@ INT32_MAX_C = tl.constexpr(INT32_MAX)
 # stream varies them all the time (page size, padding, ring capacity). Unit inner strides and D
 # stay specialized (they do not vary). The cache pointers are views behind guard bands, so their
 # 16-byte alignment varies too. Specialization changes addressing only, never the math.
+_COMPRESS_NO_SPECIALIZE = ["num_rows", "num_requests", "search_steps", "page_size", "num_slots", "ring_capacity",
+                           "num_tail_blocks", "stride_k_t", "stride_gate_t", "stride_ape_p", "stride_cache_n",
+                           "stride_cache_b", "stride_tail_blk", "stride_tail_plane", "stride_tail_c",
+                           "stride_positions_t", "stride_raw_seq_lens_r", "stride_slot_mapping_t",
+                           "stride_tail_block_table_r"]
+_RING_NO_SPECIALIZE = ["num_rows", "num_requests", "ring_capacity", "num_tail_slots", "stride_k_t", "stride_gate_t",
+                       "stride_tail_blk", "stride_tail_plane", "stride_tail_c", "stride_positions_t",
+                       "stride_tail_slot_mapping_t"]
 
 
 @triton.jit
@@ -344,13 +352,7 @@ def _compress_tiles(pid, nprog,
                            stride_tail_block_table_r, P, BLOCK_D)
 
 
-
-@triton.jit(do_not_specialize=["num_rows", "num_requests", "search_steps", "page_size", "num_slots",
-                                "ring_capacity", "num_tail_blocks", "stride_k_t", "stride_gate_t", "stride_ape_p",
-                                "stride_cache_n", "stride_cache_b", "stride_tail_blk", "stride_tail_plane",
-                                "stride_tail_c", "stride_positions_t", "stride_raw_seq_lens_r",
-                                "stride_slot_mapping_t", "stride_tail_block_table_r"],
-             do_not_specialize_on_alignment=["cache_ptr", "tail_ptr"])
+@triton.jit(do_not_specialize=_COMPRESS_NO_SPECIALIZE, do_not_specialize_on_alignment=["cache_ptr", "tail_ptr"])
 def _compress_kernel(
         k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
         positions_ptr, cum_query_lens_ptr, raw_seq_lens_ptr, slot_mapping_ptr, tail_block_table_ptr,
@@ -414,10 +416,7 @@ def _ring_write_tiles(pid, nprog,
         tl.store(tail_ptr + (dst + stride_tail_plane)[:, None] + dims[None, :] * stride_tail_d, gv, mask=mask)
 
 
-@triton.jit(do_not_specialize=["num_rows", "num_requests", "ring_capacity", "num_tail_slots",
-                                "stride_k_t", "stride_gate_t", "stride_tail_blk", "stride_tail_plane",
-                                "stride_tail_c", "stride_positions_t", "stride_tail_slot_mapping_t"],
-             do_not_specialize_on_alignment=["tail_ptr"])
+@triton.jit(do_not_specialize=_RING_NO_SPECIALIZE, do_not_specialize_on_alignment=["tail_ptr"])
 def _ring_write_kernel(
         k_ptr, gate_ptr, tail_ptr, positions_ptr, cum_query_lens_ptr, tail_slot_mapping_ptr,
         num_rows, num_requests, D, ring_capacity, num_tail_slots,
@@ -436,12 +435,8 @@ def _ring_write_kernel(
         stride_positions_t, stride_tail_slot_mapping_t, BLOCK_T, BLOCK_D)
 
 
-@triton.jit(do_not_specialize=["num_rows", "num_requests", "search_steps", "page_size", "num_slots",
-                                "ring_capacity", "num_tail_blocks", "stride_k_t", "stride_gate_t", "stride_ape_p",
-                                "stride_cache_n", "stride_cache_b", "stride_tail_blk", "stride_tail_plane",
-                                "stride_tail_c", "stride_positions_t", "stride_raw_seq_lens_r",
-                                "stride_slot_mapping_t", "stride_tail_block_table_r", "num_tail_slots",
-                                "stride_tail_slot_mapping_t", "compress_programs"],
+@triton.jit(do_not_specialize=_COMPRESS_NO_SPECIALIZE + ["num_tail_slots", "stride_tail_slot_mapping_t",
+                                                        "compress_programs"],
              do_not_specialize_on_alignment=["cache_ptr", "tail_ptr", "ring_tail_ptr"])
 def _update_kernel(
         k_ptr, gate_ptr, ape_ptr, cache_ptr, tail_ptr,
@@ -577,9 +572,9 @@ def compress_and_write_cache(*, k, gate, ape, compressed_cache, tail_cache, posi
         tail_cache.stride(0), tail_cache.stride(1), tail_cache.stride(2), tail_cache.stride(3),
         positions.stride(0), tail_slot_mapping.stride(0))
     if one_cache_launch(max_query_len, C, int(index_kpool)) and launch_plan.fused_update(k.device):
-        ring_k, ring_gate, ring_tail, _, _, ring_slots, *_ = ring_args
+        ring_k, ring_gate, ring_tail, _, _, ring_slots, _, _, _, _, num_tail_slots, *_, stride_slots = ring_args
         _update_kernel[(first.grid + second.grid,)](
-            *compress_args, ring_k, ring_gate, ring_tail, ring_slots, ring_args[10], ring_args[-1], first.grid,
+            *compress_args, ring_k, ring_gate, ring_tail, ring_slots, num_tail_slots, stride_slots, first.grid,
             **first.constexprs, BLOCK_T=second.constexprs["BLOCK_T"], RING_BLOCK_D=second.constexprs["BLOCK_D"],
             **first.options)
         return

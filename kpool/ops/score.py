@@ -468,8 +468,9 @@ def score_keys(*, q: torch.Tensor, weights: torch.Tensor, compressed_cache: torc
     decode-sized requests by the decode kernel, the others by the prefill kernel (each skipping
     the other's rows; the prefill kernel and its row-block helper are launched only when ``T >
     DECODE_ROWS`` and ``max_query_len`` (when given) exceeds it, since no request can then be
-    longer: two launches fewer for a decode or MTP batch, decided from host ints). q, weights, the cache and the block table
-    are read through their strides; positions, cum_query_lens and seq_lens are made contiguous first.
+    longer: two launches fewer for a decode or MTP batch, decided from host ints). q, weights, the
+    cache and the block table are read through their strides; positions, cum_query_lens and
+    seq_lens are made contiguous first.
 
     Args:
         q: bf16 ``[T, H, D]`` queries (any strides).
