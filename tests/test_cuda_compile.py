@@ -117,18 +117,17 @@ def _combos():
                       DOT_F32=False, VQ=8, VC=8 if D >= 8 else D,
                       DP=max(plan.MIN_DOT, plan.next_pow2(D)))
         w = {"weights_ptr": "*i16"} if wbf16 else {}
-        dec, pre = cuda["score_decode"]["cuda"], cuda["score_prefill"]["cuda"]
+        pre = cuda["score_prefill"]["cuda"]
         # both loop orders at the GLM shape (MTP verify: key tile outer), rows outer elsewhere
         # mode (M) launches the decode kernel with the 3 merged heads (score_keys); the options
         # (register cap included) are the plan's
         Hd = 3 if mode == 1 else H
         for outer in (False, True) if H == 32 else (False,):
-            yield (f"score_decode H={Hd} D={D} mode={mode}" + (" key-tile-outer" if outer else ""),
-                   score._score_decode_kernel,
-                   dict(common, HP=max(plan.MIN_DOT, plan.next_pow2(Hd)), BLOCK_N=dec["BLOCK_N"],
-                        KEY_TILE_OUTER=outer), w,
-                   plan.score_decode_plan(1, 4096, Hd, D, "cuda", cores=132, num_rows=1 + outer,
-                                          merged=mode == 1).options)
+            launch = plan.score_decode_plan(1, 4096, Hd, D, "cuda", cores=132, num_rows=4 if outer else 1,
+                                            merged=mode == 1)
+            yield (f"score_decode H={Hd} D={D} mode={mode}" + (" key-tile-outer" if outer else "")
+                   + (f" stacked x{launch.constexprs['STACK_ROWS']}" if launch.constexprs["STACK_ROWS"] else ""),
+                   score._score_decode_kernel, dict(common, **launch.constexprs), w, launch.options)
         yield (f"score_prefill H={H} D={D} mode={mode}", score._score_prefill_kernel,
                dict(common, BLOCK_M=pre["BLOCK_M"], BLOCK_N=pre["BLOCK_N"]), w,
                {"num_warps": pre["num_warps"], "num_stages": pre["num_stages"]})

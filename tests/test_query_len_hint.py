@@ -161,6 +161,7 @@ def test_one_cache_launch_when_no_ring_write_reaches_a_read_row(config, cached, 
     assert _launched(lambda: plain.update(r=_run(caches, kw)), CACHE_KERNELS) == ["_compress_kernel",
                                                                                    "_ring_write_kernel"]
     names = _launched(lambda: hinted.update(r=_run(caches, kw, max_query_len=max(qlens))), CACHE_KERNELS)
+    fused = fused and plan.fused_update(DEV)                   # a backend may ship it off (plan.TUNING)
     assert names == (["_update_kernel"] if fused else ["_compress_kernel", "_ring_write_kernel"])
     for a, b in zip(plain["r"], hinted["r"]):
         assert same_bits(a, b)

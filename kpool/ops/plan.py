@@ -68,9 +68,9 @@ TUNING: Dict[str, Dict[str, dict]] = {
                  "cpu": dict(BLOCK_J=64, BLOCK_D=0, D_SPLIT=0, window=2 ** 20, cap=4, rows_at_once=True)},
     # FUSED: a batch of queries of at most C - P + 1 rows (decode, MTP verify) runs both cache
     # launches as one (kpool.ops.compress._update_kernel; docs/kernels.md "One cache launch"). On
-    # the interpreter (every CPU suite runs it); off on CUDA and NPU until a device parity run
-    # and a timing have passed with it.
-    "ring_write": {"cuda": dict(BLOCK_T=8, per_core=8, num_warps=4, FUSED=False),
+    # CUDA (H100: same bits, 4-6 us less a step) and the interpreter; off on NPU until an Ascend
+    # parity run and a timing have passed with it.
+    "ring_write": {"cuda": dict(BLOCK_T=8, per_core=8, num_warps=4, FUSED=True),
                    "npu": dict(BLOCK_T=16, per_core=1, FUSED=False),
                    # cpu: two requests a tile (C = 4) on two programs, so the interpreter suites'
                    # batches of more than 4 requests walk the grid-stride loop
@@ -79,10 +79,14 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # maxnreg(_key_tile_outer): ptxas register cap of each loop order (0: none), so that one more
     # program fits an SM (decode 194 -> 168 registers: 2 -> 3 programs an SM, the key stream's
     # occupancy; docs/kernels.md "Register caps")
+    # STACK_ROWS: key tile outer in mode (R) scores this many rows with one dot a key tile (0: a
+    # loop over the rows, each its own dot), with its own tile and options (the *_stacked keys)
     "score_decode": {"cuda": dict(BLOCK_N=128, per_core=3, per_core_key_tile_outer=16, num_warps=4, num_stages=2,
-                                  maxnreg=168, maxnreg_key_tile_outer=128),
-                     "npu": dict(BLOCK_N=64, per_core=1),
-                     "cpu": dict(BLOCK_N=0, cap=64)},                  # BLOCK_N=0: whole row (<= 4096)
+                                  maxnreg=168, maxnreg_key_tile_outer=128,
+                                  STACK_ROWS=4, BLOCK_N_stacked=64, per_core_stacked=4, num_warps_stacked=4,
+                                  num_stages_stacked=3, maxnreg_stacked=0),
+                     "npu": dict(BLOCK_N=64, per_core=1, STACK_ROWS=0),
+                     "cpu": dict(BLOCK_N=0, cap=64, STACK_ROWS=4)},    # BLOCK_N=0: whole row (<= 4096)
     "score_prefill": {"cuda": dict(BLOCK_M=64, BLOCK_N=128, per_core=2, num_warps=4, num_stages=3),
                       "npu": dict(BLOCK_M=64, BLOCK_N=64, per_core=1),
                       "cpu": dict(BLOCK_M=64, BLOCK_N=0, cap=64)},
@@ -432,19 +436,23 @@ def score_decode_plan(num_requests: int, max_pool_seq_len: int, num_heads: int, 
 def _score_decode(backend, cores, options, explicit, num_requests, max_pool_seq_len, num_heads, head_dim, num_rows,
                   merged):
     tune = TUNING["score_decode"][backend]
-    block_n = _pool_block(tune, max_pool_seq_len)
-    tiles = num_requests * cdiv(max_pool_seq_len, block_n)        # at most one pool block per tile
     key_tile_outer = num_rows > num_requests
+    stack = tune.get("STACK_ROWS", 0) if key_tile_outer and not merged else 0
+    block_n = tune["BLOCK_N_stacked"] if stack and tune.get("BLOCK_N_stacked") else _pool_block(tune, max_pool_seq_len)
+    tiles = num_requests * cdiv(max_pool_seq_len, block_n)        # at most one pool block per tile
     # H200 (docs/kernels.md): plain decode streams longer segments best (3 programs an SM, each
     # capped at 168 registers: one wave), key tile outer hides its unpipelined loads with more
-    # programs (16, at 128 registers)
-    cap = tune.get("maxnreg_key_tile_outer" if key_tile_outer else "maxnreg")
+    # programs (16, at 128 registers); stacked rows pipeline their key tiles again
+    suffix = "_stacked" if stack else "_key_tile_outer" if key_tile_outer else ""
+    cap = tune.get("maxnreg" + suffix)
+    extra = {"maxnreg": cap} if cap and backend == "cuda" and not merged else {}
+    if stack and backend == "cuda" and not explicit:
+        extra.update(num_warps=tune["num_warps_stacked"], num_stages=tune["num_stages_stacked"])
     return _make("score_decode", tiles, backend, cores, options, explicit,
                  dict(BLOCK_N=block_n, HP=max(MIN_DOT, next_pow2(num_heads)),
                       DP=max(MIN_DOT, next_pow2(head_dim)), DECODE_ROWS=DECODE_ROWS,
-                      DOT_F32=backend == "cpu", KEY_TILE_OUTER=key_tile_outer),
-                 per_core_key="per_core_key_tile_outer" if key_tile_outer else "per_core",
-                 **({"maxnreg": cap} if cap and backend == "cuda" and not merged else {}))
+                      DOT_F32=backend == "cpu", KEY_TILE_OUTER=key_tile_outer, STACK_ROWS=stack),
+                 per_core_key="per_core" + suffix, **extra)
 
 
 def decode_segments(decode: LaunchPlan, num_requests: int, max_pool_seq_len: int) -> int:

@@ -177,6 +177,7 @@ def _score_decode_kernel(
     MODE: tl.constexpr, W_BF16: tl.constexpr, D_FULL: tl.constexpr,
     WIDE: tl.constexpr, VQ: tl.constexpr, VC: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr,
     BLOCK_N: tl.constexpr, DECODE_ROWS: tl.constexpr, DOT_F32: tl.constexpr, KEY_TILE_OUTER: tl.constexpr,
+    STACK_ROWS: tl.constexpr,
 ):
     """Keys of the rows ``[row_start, row_start + num_rows)`` that belong to decode-sized
     requests. Tile = (request, segment of its pool blocks): the request's metadata is loaded once,
@@ -191,6 +192,12 @@ def _score_decode_kernel(
       LOWEST, and mode (M)'s exact-fallback test sees only the row's own visible key rows, so every
       row's cells are the bits it gets when scored alone. (Reading the tile per row made an
       MTP=3 batch read the cache four times: H200 334 us against 265 us this way.)
+      With ``STACK_ROWS`` (mode (R) only, from the plan) the rows are not a loop: ``STACK_ROWS``
+      rows' queries are one ``[DP, STACK_ROWS * HP]`` operand, loaded once, and each key tile is
+      one dot for all of them, its ``[BLOCK_N, STACK_ROWS * HP]`` result summed over each row's
+      heads. The key tiles then stream through the innermost loop, which the compiler pipelines
+      (a request of more rows takes its rows ``STACK_ROWS`` at a time). Each cell is still one
+      key row times one query column: a row's bits do not depend on the rows stacked beside it.
     * rows outer (one row a request, plain decode): each row's query is loaded once, then its
       pool blocks stream through an inner loop that Triton's pipeliner (innermost loops only)
       software-pipelines; key tile outer compiles without cp.async on sm_90 and ran the decode
@@ -219,7 +226,38 @@ def _score_decode_kernel(
             pools_of_req = tl.load(seq_lens_ptr + r)
             pb_first = segment * per_segment
             pb_end = tl.minimum(pb_first + per_segment, n_pool_blocks)
-            if KEY_TILE_OUTER:
+            if KEY_TILE_OUTER and STACK_ROWS > 0:
+                cols = tl.arange(0, STACK_ROWS * HP)
+                col_head = cols % HP
+                for group in range(lo, hi, STACK_ROWS):
+                    rows = group + tl.arange(0, STACK_ROWS)
+                    row_ok = rows < hi
+                    vis_rows = visible_pools(tl.load(positions_ptr + rows, mask=row_ok, other=0).to(tl.int32),
+                                             pools_of_req, P)
+                    vis_group = tl.max(tl.where(row_ok, vis_rows, 0), axis=0)
+                    col_row = group + cols // HP
+                    col_ok = (col_row < hi) & (col_head < H)
+                    q_rows = load_bf16_operand(q_ptr + (q_offset + col_row.to(tl.int64)[None, :] * stride_q_t) * VQ
+                                               + col_head[None, :] * (stride_q_h * VQ) + dims[:, None] * stride_q_d,
+                                               (dims < D)[:, None] & col_ok[None, :], DOT_F32)   # [DP, ROWS * HP]
+                    w_rows = load_f32(weights_ptr + col_row.to(tl.int64) * stride_weights_t
+                                      + col_head * stride_weights_h, col_ok, W_BF16)
+                    key_rows = keys_ptr + (rows - row_start).to(tl.int64) * stride_keys_t
+                    for pb in range(pb_first, pb_end):
+                        pools = pb * BLOCK_N + offs_n
+                        cells, key_tile = _load_key_tile(cache_ptr, block_table_ptr, r, pools, pools < vis_group, dims,
+                                                         D, page_size, num_pages, cache_offset, stride_cache_n,
+                                                         stride_cache_b, stride_cache_d, stride_block_table_r,
+                                                         stride_block_table_m, block_table_width, WIDE, VC, D_FULL,
+                                                         DOT_F32)
+                        s = tl.dot(key_tile, q_rows, input_precision="ieee")          # [BLOCK_N, ROWS * HP]
+                        term = tl.where(s < 0, (w_rows * 0.0)[None, :], w_rows[None, :] * s)   # w * relu(s)
+                        term = tl.where(col_ok[None, :], term, 0.0)
+                        score = tl.sum(tl.reshape(term, (BLOCK_N, STACK_ROWS, HP)), axis=2)  # [BLOCK_N, ROWS]
+                        _store_keys(key_rows[None, :] + pools[:, None], pools[:, None],
+                                    score_key_hi(score, pools[:, None] >= vis_rows[None, :]),
+                                    (pools < max_pool_seq_len)[:, None] & row_ok[None, :])
+            elif KEY_TILE_OUTER:
                 # The request's rows share each key tile: it is loaded for the largest visibility
                 # among them (positions are read per row, never assumed consecutive), and each row
                 # then masks the pools past its own visibility (score_key_hi: LOWEST, as before).
