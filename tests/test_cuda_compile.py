@@ -45,6 +45,10 @@ SELECT_SPILL_BYTES = 192
 """Spill bound of the top-k select tiles with the compaction in one scan (CUDA's CHUNK = 0: faster
 on many rows on the H200 than chunks, which compile spill-free at 1024-2048 lanes): 192 bytes at
 16384 lanes (16 warps, 128 registers), 16 at 4096."""
+STACKED_SPILL_BYTES = 128
+"""Spill bound of the decode kernel's stacked rows (MTP verify): 88 bytes at BLOCK_N = 128 (a
+[128, 4 x 32] fp32 accumulator), which ran MTP=3 verify in 244 us on an H100 against 284 us for
+the spill-free BLOCK_N = 64 (docs/kernels.md "Stacked rows")."""
 MERGED_PREFILL_SPILL_BYTES = 640
 """Spill bound of the prefill score kernel in mode (M) since H, D, P became runtime ints (issue 20):
 568 bytes at H=3 (split parts), D=128 (it was 256 with them constexpr); the relu mode's GLM shape
@@ -191,7 +195,8 @@ def test_all_kernels_compile_for_sm90_without_spills():
     # 64 x 128 tile, which spills a few words outside its head loop (the key-store epilogue and
     # the merged mode's exact fallback; SASS: no local memory access inside the loop).
     spilled = [d for d in result["done"] if d["spill_bytes"] and not d["label"].startswith("score_prefill")
-               and not (d["label"].startswith("topk_select") and d["spill_bytes"] <= SELECT_SPILL_BYTES)]
+               and not (d["label"].startswith("topk_select") and d["spill_bytes"] <= SELECT_SPILL_BYTES)
+               and not ("stacked" in d["label"] and d["spill_bytes"] <= STACKED_SPILL_BYTES)]
     assert not spilled, spilled
     bound = {"mode=1": MERGED_PREFILL_SPILL_BYTES}
     assert all(d["spill_bytes"] <= (SELECT_SPILL_BYTES if d["label"].startswith("topk_select") else

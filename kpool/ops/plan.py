@@ -80,11 +80,13 @@ TUNING: Dict[str, Dict[str, dict]] = {
     # program fits an SM (decode 194 -> 168 registers: 2 -> 3 programs an SM, the key stream's
     # occupancy; docs/kernels.md "Register caps")
     # STACK_ROWS: key tile outer in mode (R) scores this many rows with one dot a key tile (0: a
-    # loop over the rows, each its own dot), with its own tile and options (the *_stacked keys)
+    # loop over the rows, each its own dot), with its own tile and options (the *_stacked keys).
+    # H100, MTP=3 verify graph us (docs/kernels.md "Stacked rows"): per-row loop 307; stacked
+    # BLOCK_N 128, 2 programs an SM, 2 stages 244 (64: 282-286; a 128/168 register cap 251-476)
     "score_decode": {"cuda": dict(BLOCK_N=128, per_core=3, per_core_key_tile_outer=16, num_warps=4, num_stages=2,
                                   maxnreg=168, maxnreg_key_tile_outer=128,
-                                  STACK_ROWS=4, BLOCK_N_stacked=64, per_core_stacked=4, num_warps_stacked=4,
-                                  num_stages_stacked=3, maxnreg_stacked=0),
+                                  STACK_ROWS=4, BLOCK_N_stacked=128, per_core_stacked=2, num_warps_stacked=4,
+                                  num_stages_stacked=2, maxnreg_stacked=0),
                      "npu": dict(BLOCK_N=64, per_core=1, STACK_ROWS=0),
                      "cpu": dict(BLOCK_N=0, cap=64, STACK_ROWS=4)},    # BLOCK_N=0: whole row (<= 4096)
     "score_prefill": {"cuda": dict(BLOCK_M=64, BLOCK_N=128, per_core=2, num_warps=4, num_stages=3),
