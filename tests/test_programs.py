@@ -41,10 +41,12 @@ PROBES = {
     "probe-score": ("ops/score.py",
                     ("_store_keys(key_row + pools, pools, score_key_hi(score, pools >= vis), pools < max_pool_seq_len)",
                      "_store_keys(key_ptrs, pools[None, :], score_key_hi(acc, pools[None, :] >= vis[:, None]),",
-                     "_store_keys(key_ptrs, pools[None, :], tl.full([BLOCK_M, BLOCK_N], KEY_LOWEST_C, tl.int32),"),
+                     "_store_keys(key_ptrs, pools[None, :], tl.full([BLOCK_M, BLOCK_N], KEY_LOWEST_C, tl.int32),",
+                     "score_key_hi(score, pools[:, None] >= vis_rows[None, :])"),
                     ("_store_keys(key_row + pools, pools, tl.zeros_like(pools) + tl.program_id(0), pools < max_pool_seq_len)",
                      f"_store_keys(key_ptrs, pools[None, :], tl.full([BLOCK_M, BLOCK_N], {PREFILL}, tl.int32) + pid,",
-                     f"_store_keys(key_ptrs, pools[None, :], tl.full([BLOCK_M, BLOCK_N], {PREFILL}, tl.int32) + pid,"),
+                     f"_store_keys(key_ptrs, pools[None, :], tl.full([BLOCK_M, BLOCK_N], {PREFILL}, tl.int32) + pid,",
+                     "tl.zeros_like(pools)[:, None] + tl.zeros_like(vis_rows)[None, :] + tl.program_id(0)"),
                     None),
 }
 

@@ -234,7 +234,11 @@ def _score_decode_kernel(
                     row_ok = rows < hi
                     vis_rows = visible_pools(tl.load(positions_ptr + rows, mask=row_ok, other=0).to(tl.int32),
                                              pools_of_req, P)
-                    vis_group = tl.max(tl.where(row_ok, vis_rows, 0), axis=0)
+                    # the tile is loaded up to the group's largest visibility (as the loop below does)
+                    vis_group = visible_pools(tl.load(positions_ptr + group).to(tl.int32), pools_of_req, P)
+                    for i in range(group + 1, tl.minimum(hi, group + STACK_ROWS)):
+                        vis_group = tl.maximum(vis_group, visible_pools(tl.load(positions_ptr + i).to(tl.int32),
+                                                                        pools_of_req, P))
                     col_row = group + cols // HP
                     col_ok = (col_row < hi) & (col_head < H)
                     q_rows = load_bf16_operand(q_ptr + (q_offset + col_row.to(tl.int64)[None, :] * stride_q_t) * VQ
@@ -252,8 +256,9 @@ def _score_decode_kernel(
                                                          DOT_F32)
                         s = tl.dot(key_tile, q_rows, input_precision="ieee")          # [BLOCK_N, ROWS * HP]
                         term = tl.where(s < 0, (w_rows * 0.0)[None, :], w_rows[None, :] * s)   # w * relu(s)
-                        term = tl.where(col_ok[None, :], term, 0.0)
-                        score = tl.sum(tl.reshape(term, (BLOCK_N, STACK_ROWS, HP)), axis=2)  # [BLOCK_N, ROWS]
+                        # each row's head sum in the tree order of _head_sum; padded heads by where
+                        score = tl.sum(tl.where((heads < H)[None, None, :],
+                                                tl.reshape(term, (BLOCK_N, STACK_ROWS, HP)), 0.0), axis=2)
                         _store_keys(key_rows[None, :] + pools[:, None], pools[:, None],
                                     score_key_hi(score, pools[:, None] >= vis_rows[None, :]),
                                     (pools < max_pool_seq_len)[:, None] & row_ok[None, :])

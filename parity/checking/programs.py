@@ -121,7 +121,8 @@ def score_program(row: int, pool: int, *, cum_query_lens: Sequence[int], num_row
     q_lo = cum[r - 1] if r else 0
     heads = 3 if score_mode == "merged" else num_heads
     if cum[r] - q_lo <= plan.DECODE_ROWS:
-        launch = plan.score_decode_plan(len(cum), max_pool_seq_len, heads, head_dim, on)
+        launch = plan.score_decode_plan(len(cum), max_pool_seq_len, heads, head_dim, on, num_rows=n,
+                                        merged=score_mode == "merged")     # the launch's own plan (score_keys)
         segments = plan.decode_segments(launch, len(cum), max_pool_seq_len)
         per = -(-(-(-max_pool_seq_len // launch.constexprs["BLOCK_N"])) // segments)
         return chunk, launch.program_of_tile(r * segments + int(pool) // launch.constexprs["BLOCK_N"] // per)
