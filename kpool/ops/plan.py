@@ -425,7 +425,10 @@ def score_decode_plan(num_requests: int, max_pool_seq_len: int, num_heads: int, 
     read once for all the request's rows; otherwise (one row a request: plain decode) the rows are
     the outer loop and the key tiles stream through the inner one, which the compiler software-
     pipelines (H200, docs/kernels.md: decode 64 x 64k 96 us this way against 108 us key tile
-    outer; MTP=3 265 us key tile outer against 334 us).
+    outer; MTP=3 265 us key tile outer against 334 us). Key tile outer in mode (R) stacks
+    ``STACK_ROWS`` rows into one dot a key tile (``TUNING`` ``STACK_ROWS``, 0: a loop over the
+    rows), with its own ``BLOCK_N`` and options (the ``*_stacked`` keys; H100 MTP=3 verify graph
+    307 -> 236 us, the same bits).
 
     On CUDA the launch options carry the loop order's register cap (``TUNING`` ``maxnreg`` /
     ``maxnreg_key_tile_outer``), except in mode (M) (``merged``), whose exact fallback would spill
