@@ -451,7 +451,7 @@ def _score_decode(backend, cores, options, explicit, num_requests, max_pool_seq_
     suffix = "_stacked" if stack else "_key_tile_outer" if key_tile_outer else ""
     cap = tune.get("maxnreg" + suffix)
     extra = {"maxnreg": cap} if cap and backend == "cuda" and not merged else {}
-    if stack and backend == "cuda" and not explicit:
+    if stack and backend == "cuda":     # (_make applies extra options only to its own defaults)
         extra.update(num_warps=tune["num_warps_stacked"], num_stages=tune["num_stages_stacked"])
     return _make("score_decode", tiles, backend, cores, options, explicit,
                  dict(BLOCK_N=block_n, HP=max(MIN_DOT, next_pow2(num_heads)),

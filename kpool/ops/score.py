@@ -153,6 +153,17 @@ def _head_sum(s, w, heads, H, MODE: tl.constexpr):
 
 
 @triton.jit
+def _most_visible(positions_ptr, first, end, pools_of_req, P):
+    """The largest visibility (kpool-algorithm.md §4.1) among the rows ``[first, end)`` (``end >
+    first``) of one request, read row by row (positions are never assumed consecutive): how far
+    a key tile shared by those rows is loaded."""
+    vis = visible_pools(tl.load(positions_ptr + first).to(tl.int32), pools_of_req, P)
+    for t in range(first + 1, end):
+        vis = tl.maximum(vis, visible_pools(tl.load(positions_ptr + t).to(tl.int32), pools_of_req, P))
+    return vis
+
+
+@triton.jit
 def _exact_and_store(score, needs_exact, qbar_row_ptr, cache_ptr, cells, load_ok, stride_cache_d, D_EXACT,
                      key_row, first_pool, offs_n, vis, max_pool_seq_len, MODE: tl.constexpr, DOT_F32: tl.constexpr):
     """Mode (M)'s exact fallback where ``needs_exact``, then the keys of pools ``first_pool +
@@ -234,11 +245,7 @@ def _score_decode_kernel(
                     row_ok = rows < hi
                     vis_rows = visible_pools(tl.load(positions_ptr + rows, mask=row_ok, other=0).to(tl.int32),
                                              pools_of_req, P)
-                    # the tile is loaded up to the group's largest visibility (as the loop below does)
-                    vis_group = visible_pools(tl.load(positions_ptr + group).to(tl.int32), pools_of_req, P)
-                    for i in range(group + 1, tl.minimum(hi, group + STACK_ROWS)):
-                        vis_group = tl.maximum(vis_group, visible_pools(tl.load(positions_ptr + i).to(tl.int32),
-                                                                        pools_of_req, P))
+                    vis_group = _most_visible(positions_ptr, group, tl.minimum(hi, group + STACK_ROWS), pools_of_req, P)
                     col_row = group + cols // HP
                     col_ok = (col_row < hi) & (col_head < H)
                     q_rows = load_bf16_operand(q_ptr + (q_offset + col_row.to(tl.int64)[None, :] * stride_q_t) * VQ
@@ -266,10 +273,7 @@ def _score_decode_kernel(
                 # The request's rows share each key tile: it is loaded for the largest visibility
                 # among them (positions are read per row, never assumed consecutive), and each row
                 # then masks the pools past its own visibility (score_key_hi: LOWEST, as before).
-                vis_max = visible_pools(tl.load(positions_ptr + lo).to(tl.int32), pools_of_req, P)
-                for i in range(1, hi - lo):
-                    vis_max = tl.maximum(vis_max, visible_pools(tl.load(positions_ptr + lo + i).to(tl.int32),
-                                                                pools_of_req, P))
+                vis_max = _most_visible(positions_ptr, lo, hi, pools_of_req, P)
                 for pb in range(pb_first, pb_end):
                     pools = pb * BLOCK_N + offs_n
                     tile_ok = pools < vis_max
